@@ -1,0 +1,137 @@
+package main
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+)
+
+// keyDigest is the SHA-256 of an API key. The service keeps only digests,
+// so a memory dump does not give the keys away, and every comparison is of
+// two fixed-length values.
+type keyDigest [sha256.Size]byte
+
+// keyRing is the set of accepted API keys. It is swapped whole, so a
+// reload never shows a request a half-built set.
+type keyRing struct {
+	digests atomic.Pointer[[]keyDigest]
+}
+
+// newKeyRing returns a ring holding the given digests.
+func newKeyRing(digests []keyDigest) *keyRing {
+	k := &keyRing{}
+	k.set(digests)
+	return k
+}
+
+// set replaces the accepted keys.
+func (k *keyRing) set(digests []keyDigest) {
+	k.digests.Store(&digests)
+}
+
+// accepts reports whether key is one of the ring's keys. It compares the
+// key's digest with every digest, without stopping at a match, in
+// constant time, so the time taken says nothing about which byte differs
+// or which key matched.
+func (k *keyRing) accepts(key string) bool {
+	d := sha256.Sum256([]byte(key))
+	match := 0
+	for _, want := range *k.digests.Load() {
+		match |= subtle.ConstantTimeCompare(d[:], want[:])
+	}
+	return match == 1
+}
+
+// parseAPIKeys reads PETSTORE_API_KEYS: comma-separated, spaces around
+// entries trimmed, empty entries ignored.
+func parseAPIKeys(list string) ([]keyDigest, error) {
+	var digests []keyDigest
+	for i, entry := range strings.Split(list, ",") {
+		key := strings.TrimSpace(entry)
+		if key == "" {
+			continue
+		}
+		if !isTokenString(key) {
+			// Never print the key itself.
+			return nil, fmt.Errorf("API key number %d has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)", i+1)
+		}
+		digests = append(digests, sha256.Sum256([]byte(key)))
+	}
+	return digests, nil
+}
+
+// isTokenString reports whether s is non-empty printable ASCII without
+// spaces, which is what a bearer credential can hold on the wire.
+func isTokenString(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// generateAPIKey returns a new random key of 256 bits, URL-safe base64, so
+// it pastes into a shell and a header without quoting.
+func generateAPIKey() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// bearerToken extracts the credential of an "Authorization: Bearer <key>"
+// header. The scheme is matched case-insensitively (RFC 9110, 11.1). ok is
+// false when the header is absent; malformed is true when it is present
+// but is not a single bearer credential.
+func bearerToken(r *http.Request) (token string, ok, malformed bool) {
+	values := r.Header.Values("Authorization")
+	if len(values) == 0 {
+		return "", false, false
+	}
+	if len(values) > 1 {
+		return "", true, true
+	}
+	scheme, cred, found := strings.Cut(strings.TrimSpace(values[0]), " ")
+	if !found || !strings.EqualFold(scheme, "Bearer") {
+		return "", true, true
+	}
+	cred = strings.TrimLeft(cred, " ")
+	if !isTokenString(cred) {
+		return "", true, true
+	}
+	return cred, true, false
+}
+
+// requireAPIKey lets a request through to next only with a valid bearer
+// key, and answers 401 with a WWW-Authenticate challenge (RFC 6750)
+// otherwise. Neither the key nor the header is ever logged or echoed.
+func requireAPIKey(keys *keyRing, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, present, malformed := bearerToken(r)
+		switch {
+		case !present:
+			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore"`)
+			writeError(w, http.StatusUnauthorized, codeUnauthorized,
+				"missing API key: send the header Authorization: Bearer <key>")
+		case malformed:
+			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore"`)
+			writeError(w, http.StatusUnauthorized, codeUnauthorized,
+				"malformed Authorization header: expected Authorization: Bearer <key>")
+		case !keys.accepts(token):
+			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore", error="invalid_token"`)
+			writeError(w, http.StatusUnauthorized, codeUnauthorized, "invalid API key")
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}

@@ -1,0 +1,505 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// NewPet is the request body of createPet.
+type NewPet struct {
+	Name       string `json:"name"`
+	CategoryID int64  `json:"categoryId"`
+	Status     string `json:"status"`
+}
+
+// Pet is a stored animal: a NewPet with the id the service assigned.
+type Pet struct {
+	ID         int64  `json:"id"`
+	Name       string `json:"name"`
+	CategoryID int64  `json:"categoryId"`
+	Status     string `json:"status"`
+}
+
+const (
+	// defaultLimit and maxLimit are the page sizes of the specification.
+	defaultLimit = 20
+	maxLimit     = 100
+	// maxNameLength is counted in characters (Unicode code points).
+	maxNameLength = 100
+	// maxBodyBytes bounds what a create may send; a NewPet is tiny.
+	maxBodyBytes = 1 << 20
+	// defaultStatus is what an omitted status is stored as.
+	defaultStatus = "available"
+
+	// getPet was deprecated on 2026-11-22T00:00:00Z (RFC 9745 wants the
+	// date as @unix-seconds) and goes away on the specification's date.
+	getPetDeprecation = "@1795305600"
+	getPetSunset      = "Thu, 05 Dec 2030 00:00:00 GMT"
+	getPetSuccessor   = `</v1/pets>; rel="successor-version"`
+)
+
+// petStatuses is the PetStatus enumeration, in the specification's order.
+var petStatuses = []string{"available", "pending", "sold"}
+
+// server holds what the handlers share.
+type server struct {
+	store *petStore
+	keys  *keyRing
+	log   *slog.Logger
+}
+
+// newHandler builds the service's whole HTTP surface. Every path a client
+// can reach is in this list; anything else is a JSON 404.
+func newHandler(store *petStore, keys *keyRing, log *slog.Logger) http.Handler {
+	s := &server{store: store, keys: keys, log: log}
+	auth := func(h http.Handler) http.Handler { return requireAPIKey(keys, h) }
+	mux := http.NewServeMux()
+
+	mux.HandleFunc("GET /healthz", s.health)
+	mux.Handle("GET /v1/pets", auth(http.HandlerFunc(s.listPets)))
+	mux.Handle("POST /v1/pets", auth(http.HandlerFunc(s.createPet)))
+	mux.Handle("GET /v1/pets/{petId}", deprecated(auth(http.HandlerFunc(s.getPet))))
+	mux.Handle("GET /v1/store/orders", auth(http.HandlerFunc(listOrders)))
+
+	// Method-less patterns catch the other methods on known paths, so they
+	// get a JSON 405 with Allow rather than the mux's plain-text one.
+	// (A GET pattern also serves HEAD.)
+	mux.Handle("/healthz", methodNotAllowed("GET, HEAD"))
+	mux.Handle("/v1/pets", auth(methodNotAllowed("GET, HEAD, POST")))
+	mux.Handle("/v1/pets/{petId}", deprecated(auth(methodNotAllowed("GET, HEAD"))))
+	mux.Handle("/v1/store/orders", auth(methodNotAllowed("GET, HEAD")))
+	// Everything under /v1 needs a key, even a path that does not exist;
+	// "/v1" itself is listed so the mux does not redirect it to "/v1/".
+	mux.Handle("/v1", auth(http.HandlerFunc(notFound)))
+	mux.Handle("/v1/", auth(http.HandlerFunc(notFound)))
+	mux.HandleFunc("/", notFound)
+
+	return recoverPanics(log, rejectUncleanPaths(mux))
+}
+
+// rejectUncleanPaths answers 404 for paths with "//", "." or ".."
+// segments. The mux would redirect them, and a redirect is neither the
+// JSON error body nor something a script's curl follows by default.
+func rejectUncleanPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		clean := path.Clean("/" + p)
+		if strings.HasSuffix(p, "/") && clean != "/" {
+			clean += "/"
+		}
+		if p != clean {
+			notFound(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// deprecated marks every answer of getPet as deprecated (RFC 9745), with
+// its removal date (RFC 8594) and the operation that replaces it.
+func deprecated(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Deprecation", getPetDeprecation)
+		h.Set("Sunset", getPetSunset)
+		h.Set("Link", getPetSuccessor)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// health answers 200 while the database answers, for load balancers and
+// systemd; it needs no key.
+func (s *server) health(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.ping(ctx); err != nil {
+		s.log.Error("health check failed", "err", err)
+		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "database unavailable")
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Status string `json:"status"`
+	}{"ok"})
+}
+
+// listOrders stands for GET /store/orders, which the specification names
+// but does not describe.
+func listOrders(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusNotImplemented, codeNotImplemented,
+		"GET /v1/store/orders is named by the specification but not specified, so it is not implemented")
+}
+
+// listPets answers GET /v1/pets: one page in ascending id, with a Link to
+// the next page when more pets match.
+func (s *server) listPets(w http.ResponseWriter, r *http.Request) {
+	f, err := parseListQuery(r.URL.RawQuery)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeInvalidParameter, err.Error())
+		return
+	}
+	// One row more than asked tells whether there is a next page, so the
+	// last page, even an exactly full one, has no next link.
+	limit := f.limit
+	f.limit++
+	pets, err := s.store.listPets(r.Context(), f)
+	if err != nil {
+		writeInternalError(w, r, s.log, err)
+		return
+	}
+	if len(pets) > limit {
+		pets = pets[:limit]
+		w.Header().Set("Link", nextPageLink(limit, f.status, pets[limit-1].ID))
+	}
+	writeJSON(w, http.StatusOK, pets)
+}
+
+// nextPageLink is the RFC 8288 Link to the page after the pet with id
+// after. It is relative, so it stays right behind any domain or proxy.
+func nextPageLink(limit int, status string, after int64) string {
+	q := "limit=" + strconv.Itoa(limit)
+	if status != "" {
+		q += "&status=" + status
+	}
+	return "</v1/pets?" + q + "&after=" + strconv.FormatInt(after, 10) + `>; rel="next"`
+}
+
+// parseListQuery validates listPets' query string. Unknown and repeated
+// parameters are errors: a misspelt "stauts" must not silently return
+// every pet.
+func parseListQuery(rawQuery string) (petFilter, error) {
+	f := petFilter{limit: defaultLimit}
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return f, errors.New("malformed query string: use name=value pairs joined by &, percent-encoded")
+	}
+	names := make([]string, 0, len(q))
+	for name := range q {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if name != "limit" && name != "status" && name != "after" {
+			return f, fmt.Errorf("unknown query parameter %s; known: limit, status, after", quoteValue(name))
+		}
+		if len(q[name]) > 1 {
+			return f, fmt.Errorf("query parameter %s is given more than once", name)
+		}
+	}
+	if v, ok := q["limit"]; ok {
+		n, ok := parseDecimal(v[0])
+		if !ok || n < 1 || n > maxLimit {
+			return f, fmt.Errorf("limit must be an integer from 1 to %d, got %s", maxLimit, quoteValue(v[0]))
+		}
+		f.limit = int(n)
+	}
+	if v, ok := q["status"]; ok {
+		if !slices.Contains(petStatuses, v[0]) {
+			return f, fmt.Errorf("status must be one of available, pending, sold, got %s", quoteValue(v[0]))
+		}
+		f.status = v[0]
+	}
+	if v, ok := q["after"]; ok {
+		n, ok := parseDecimal(v[0])
+		if !ok {
+			return f, fmt.Errorf("after must be the id of the last pet seen (an integer from 0 to 9223372036854775807), got %s", quoteValue(v[0]))
+		}
+		f.after = n
+	}
+	return f, nil
+}
+
+// parseDecimal parses a non-negative int64 written as plain digits: no
+// sign, no spaces, no fraction, no exponent.
+func parseDecimal(s string) (int64, bool) {
+	if s == "" {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}
+
+// quoteValue quotes a client's value for an error message, cut short so a
+// huge value does not make a huge error.
+func quoteValue(s string) string {
+	const maxQuoted = 64
+	if utf8.RuneCountInString(s) > maxQuoted {
+		s = string([]rune(s)[:maxQuoted]) + "..."
+	}
+	return strconv.Quote(s)
+}
+
+// getPet answers GET /v1/pets/{petId}.
+func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
+	id, ok := parseDecimal(r.PathValue("petId"))
+	if !ok || id < 1 {
+		writeError(w, http.StatusBadRequest, codeInvalidParameter,
+			"petId must be a pet's id, an integer from 1 to 9223372036854775807, got "+quoteValue(r.PathValue("petId")))
+		return
+	}
+	p, err := s.store.getPet(r.Context(), id)
+	if errors.Is(err, errNotFound) {
+		writeError(w, http.StatusNotFound, codeNotFound, "no pet with id "+strconv.FormatInt(id, 10))
+		return
+	}
+	if err != nil {
+		writeInternalError(w, r, s.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// createPet answers POST /v1/pets. The 201 is sent only once the row is
+// committed.
+func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
+	if !isJSONContentType(r.Header.Get("Content-Type")) {
+		writeError(w, http.StatusUnsupportedMediaType, codeUnsupportedMediaType,
+			"send the body as JSON with the header Content-Type: application/json (curl: --json)")
+		return
+	}
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	np, err := decodeNewPet(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeInvalidBody, err.Error())
+		return
+	}
+	p, err := s.store.createPet(r.Context(), np)
+	if err != nil {
+		writeInternalError(w, r, s.log, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/pets/"+strconv.FormatInt(p.ID, 10))
+	writeJSON(w, http.StatusCreated, p)
+}
+
+// isJSONContentType accepts application/json, with parameters, as long as
+// any charset is UTF-8 (the only one JSON allows, RFC 8259). No header at
+// all is read as JSON, for curl -d users.
+func isJSONContentType(ct string) bool {
+	if ct == "" {
+		return true
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return false
+	}
+	cs, ok := params["charset"]
+	return !ok || strings.EqualFold(cs, "utf-8")
+}
+
+// readBody reads at most maxBodyBytes of the request body, answering 413
+// past that. ok is false when an answer has been written.
+func readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
+	tooLarge := func() {
+		writeError(w, http.StatusRequestEntityTooLarge, codeBodyTooLarge,
+			fmt.Sprintf("request body is larger than %d bytes (1 MiB)", maxBodyBytes))
+	}
+	if r.ContentLength > maxBodyBytes {
+		tooLarge()
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		tooLarge()
+		return nil, false
+	case err != nil:
+		writeError(w, http.StatusBadRequest, codeInvalidBody, "could not read the request body")
+		return nil, false
+	}
+	return body, true
+}
+
+// decodeNewPet parses and validates a create body. It walks the object
+// itself rather than json.Unmarshal into the struct, because Unmarshal
+// accepts what this API must refuse: duplicate keys, "categoryId": 1.0 or
+// "1", null for a required field. The error names every offending field.
+func decodeNewPet(body []byte) (NewPet, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return NewPet{}, errors.New(`request body is empty; send a JSON object such as {"name":"Rex","categoryId":1}`)
+	}
+	if !utf8.Valid(body) {
+		return NewPet{}, errors.New("request body is not valid UTF-8")
+	}
+	fields, err := splitObject(body)
+	if err != nil {
+		return NewPet{}, err
+	}
+
+	var problems []string
+	for _, name := range sortedKeys(fields) {
+		switch name {
+		case "name", "categoryId", "status":
+		case "id":
+			problems = append(problems, "id must not be sent: the service assigns it")
+		default:
+			problems = append(problems, fmt.Sprintf("unknown field %s (a NewPet has name, categoryId and status)", quoteValue(name)))
+		}
+	}
+
+	np := NewPet{Status: defaultStatus}
+	if msg := decodeName(fields["name"], &np.Name); msg != "" {
+		problems = append(problems, msg)
+	}
+	if msg := decodeCategoryID(fields["categoryId"], &np.CategoryID); msg != "" {
+		problems = append(problems, msg)
+	}
+	if raw, ok := fields["status"]; ok {
+		if msg := decodeStatus(raw, &np.Status); msg != "" {
+			problems = append(problems, msg)
+		}
+	}
+	if len(problems) > 0 {
+		return NewPet{}, errors.New(strings.Join(problems, "; "))
+	}
+	return np, nil
+}
+
+// splitObject parses body as exactly one JSON object and returns its
+// members, unparsed. Duplicate keys and anything after the object are
+// errors.
+func splitObject(body []byte) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	malformed := func(err error) error {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return errors.New("request body is not valid JSON: it ends before the object is complete")
+		}
+		return fmt.Errorf("request body is not valid JSON: %v", err)
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, malformed(err)
+	}
+	if tok != json.Delim('{') {
+		return nil, errors.New("request body must be a JSON object")
+	}
+	fields := make(map[string]json.RawMessage)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, malformed(err)
+		}
+		key := tok.(string) // inside an object, Token returns keys as strings
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, malformed(err)
+		}
+		if _, dup := fields[key]; dup {
+			return nil, fmt.Errorf("field %s appears more than once", quoteValue(key))
+		}
+		fields[key] = raw
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, malformed(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("request body has data after the JSON object; send exactly one object")
+	}
+	return fields, nil
+}
+
+// sortedKeys returns m's keys in order, so error messages are stable.
+func sortedKeys(m map[string]json.RawMessage) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// isNull reports whether a member is absent or JSON null.
+func isNull(raw json.RawMessage) bool {
+	return raw == nil || string(raw) == "null"
+}
+
+// decodeName validates the name member; it returns what is wrong, or "".
+func decodeName(raw json.RawMessage, name *string) string {
+	if isNull(raw) {
+		return "name is required"
+	}
+	if raw[0] != '"' || json.Unmarshal(raw, name) != nil {
+		return "name must be a string"
+	}
+	switch {
+	case strings.TrimSpace(*name) == "":
+		return "name must not be empty or only whitespace"
+	case utf8.RuneCountInString(*name) > maxNameLength:
+		return fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(*name))
+	case strings.IndexFunc(*name, unicode.IsControl) >= 0:
+		return "name must not contain control characters (such as tab or newline)"
+	}
+	return ""
+}
+
+// decodeCategoryID validates the categoryId member as a JSON integer in
+// 1..MaxInt64, parsed from its text so no float64 rounds it.
+func decodeCategoryID(raw json.RawMessage, id *int64) string {
+	if isNull(raw) {
+		return "categoryId is required"
+	}
+	const want = "categoryId must be a JSON integer from 1 to 9223372036854775807"
+	s := string(raw)
+	if strings.HasPrefix(s, `"`) {
+		return want + ", not a string"
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 1 {
+		return want + ", got " + quoteValue(s)
+	}
+	*id = n
+	return ""
+}
+
+// decodeStatus validates a status member against the enumeration.
+func decodeStatus(raw json.RawMessage, status *string) string {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil || !slices.Contains(petStatuses, s) {
+		return "status must be one of available, pending, sold (or omitted, for available), got " + quoteValue(string(raw))
+	}
+	*status = s
+	return ""
+}
+
+// writeJSON answers with v as JSON. HTML escaping is off: the body is
+// application/json with nosniff, never HTML, and "<" should read as "<".
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		// Only a type the service never encodes could fail; keep the
+		// contract of a JSON error body all the same.
+		status = http.StatusInternalServerError
+		buf.Reset()
+		buf.WriteString(`{"code":"internal_error","message":"internal error","status":500}` + "\n")
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(status)
+	w.Write(buf.Bytes())
+}
