@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 )
@@ -87,6 +89,73 @@ func generateAPIKey() (string, error) {
 		return "", err
 	}
 	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// keysFileLine is how a key is written in a keys file without its plain
+// text: "sha256:" and the hex of its digest.
+func keysFileLine(key string) string {
+	d := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(d[:])
+}
+
+// parseKeysFile reads a keys file: one key a line, either the key itself
+// or "sha256:<hex digest>"; blank lines and "#" comments (a whole line, or
+// after the key and a space) are ignored. Errors name the line, never the
+// key.
+func parseKeysFile(data []byte) ([]keyDigest, error) {
+	var digests []keyDigest
+	for n, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
+			continue
+		}
+		if len(fields) > 1 && !strings.HasPrefix(fields[1], "#") {
+			return nil, fmt.Errorf("line %d: more than one word; write one key a line, comments after #", n+1)
+		}
+		entry := fields[0]
+		if hexDigest, ok := strings.CutPrefix(entry, "sha256:"); ok {
+			var d keyDigest
+			if b, err := hex.DecodeString(hexDigest); err != nil || len(b) != len(d) {
+				return nil, fmt.Errorf("line %d: sha256: must be followed by the 64 hex digits of the key's SHA-256 digest", n+1)
+			} else {
+				copy(d[:], b)
+			}
+			digests = append(digests, d)
+			continue
+		}
+		if !isTokenString(entry) {
+			return nil, fmt.Errorf("line %d: a key must be printable ASCII without spaces", n+1)
+		}
+		digests = append(digests, sha256.Sum256([]byte(entry)))
+	}
+	return digests, nil
+}
+
+// keySource is where the accepted keys come from: the PETSTORE_API_KEYS
+// list and, optionally, a keys file that SIGHUP re-reads.
+type keySource struct {
+	list string
+	file string
+}
+
+// load reads every configured key.
+func (k keySource) load() ([]keyDigest, error) {
+	digests, err := parseAPIKeys(k.list)
+	if err != nil {
+		return nil, fmt.Errorf("PETSTORE_API_KEYS: %w", err)
+	}
+	if k.file == "" {
+		return digests, nil
+	}
+	data, err := os.ReadFile(k.file)
+	if err != nil {
+		return nil, fmt.Errorf("API keys file: %w", err)
+	}
+	fromFile, err := parseKeysFile(data)
+	if err != nil {
+		return nil, fmt.Errorf("API keys file %s: %w", k.file, err)
+	}
+	return append(digests, fromFile...), nil
 }
 
 // bearerToken extracts the credential of an "Authorization: Bearer <key>"

@@ -20,6 +20,7 @@ const (
 	codeNotImplemented       = "not_implemented"
 	codeInternalError        = "internal_error"
 	codeUnavailable          = "unavailable"
+	codeIdempotencyKeyReused = "idempotency_key_reused"
 )
 
 // apiError is the Error body of the specification.

@@ -89,7 +89,19 @@ func newHandler(store *petStore, keys *keyRing, log *slog.Logger) http.Handler {
 	mux.Handle("/v1/", auth(http.HandlerFunc(notFound)))
 	mux.HandleFunc("/", notFound)
 
-	return recoverPanics(log, rejectUncleanPaths(mux))
+	return secureHeaders(recoverPanics(log, rejectUncleanPaths(mux)))
+}
+
+// secureHeaders marks every answer as not to be cached (it is one
+// client's view of changing data, behind a key) and not to be sniffed as
+// anything but its declared type.
+func secureHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Cache-Control", "no-store")
+		h.Set("X-Content-Type-Options", "nosniff")
+		next.ServeHTTP(w, r)
+	})
 }
 
 // rejectUncleanPaths answers 404 for paths with "//", "." or ".."
@@ -269,11 +281,17 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
 }
 
 // createPet answers POST /v1/pets. The 201 is sent only once the row is
-// committed.
+// committed. With an Idempotency-Key, a retry of the same request gets the
+// same 201 again instead of a second pet.
 func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 	if !isJSONContentType(r.Header.Get("Content-Type")) {
 		writeError(w, http.StatusUnsupportedMediaType, codeUnsupportedMediaType,
 			"send the body as JSON with the header Content-Type: application/json (curl: --json)")
+		return
+	}
+	key, err := idempotencyKey(r.Header)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeInvalidParameter, err.Error())
 		return
 	}
 	body, ok := readBody(w, r)
@@ -285,13 +303,79 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeInvalidBody, err.Error())
 		return
 	}
-	p, err := s.store.createPet(r.Context(), np)
+	p, replayed, err := s.store.createPet(r.Context(), createRequest{pet: np, idempotencyKey: key})
+	if errors.Is(err, errIdempotencyKeyReused) {
+		writeError(w, http.StatusUnprocessableEntity, codeIdempotencyKeyReused,
+			"this Idempotency-Key was already used for a different pet; use a new key for a new request")
+		return
+	}
 	if err != nil {
 		writeInternalError(w, r, s.log, err)
 		return
 	}
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
 	w.Header().Set("Location", "/v1/pets/"+strconv.FormatInt(p.ID, 10))
 	writeJSON(w, http.StatusCreated, p)
+}
+
+// maxIdempotencyKey is the longest Idempotency-Key accepted, in bytes.
+const maxIdempotencyKey = 255
+
+// idempotencyKey reads the Idempotency-Key header
+// (draft-ietf-httpapi-idempotency-key-header). The draft makes the value a
+// structured-field string, "quoted"; most clients send it bare, so both
+// are accepted and mean the same key. "" means no key was sent.
+func idempotencyKey(h http.Header) (string, error) {
+	values := h.Values("Idempotency-Key")
+	if len(values) == 0 {
+		return "", nil
+	}
+	const rule = "Idempotency-Key must be 1 to 255 printable ASCII characters"
+	if len(values) > 1 {
+		return "", errors.New("send one Idempotency-Key header, not several")
+	}
+	key := values[0]
+	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
+		unquoted, ok := unquoteSFString(key)
+		if !ok {
+			return "", errors.New(rule + " (a quoted key may escape only \\ and \")")
+		}
+		key = unquoted
+	}
+	if key == "" || len(key) > maxIdempotencyKey {
+		return "", fmt.Errorf("%s, got %d", rule, len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < ' ' || key[i] > '~' {
+			return "", errors.New(rule)
+		}
+	}
+	return key, nil
+}
+
+// unquoteSFString decodes an RFC 8941 string: quotes around, and only \"
+// and \\ escaped inside.
+func unquoteSFString(s string) (string, bool) {
+	var b strings.Builder
+	inner := s[1 : len(s)-1]
+	for i := 0; i < len(inner); i++ {
+		c := inner[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(inner) || (inner[i] != '"' && inner[i] != '\\') {
+				return "", false
+			}
+			b.WriteByte(inner[i])
+		case c == '"':
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), true
 }
 
 // isJSONContentType accepts application/json, with parameters, as long as

@@ -3,11 +3,21 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +26,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,7 +38,7 @@ const testKey = "test-key-4f1d2c"
 
 // newTestServer starts the real handler on a real listener over a fresh
 // database file in a temp dir.
-func newTestServer(t *testing.T) (*httptest.Server, *petStore) {
+func newTestServer(t testing.TB) (*httptest.Server, *petStore) {
 	t.Helper()
 	store, err := openStore(filepath.Join(t.TempDir(), "pets.db"))
 	if err != nil {
@@ -113,8 +124,10 @@ func checkReply(t *testing.T, got reply, status int, header map[string]string, b
 	if got.status != status {
 		t.Errorf("status = %d, want %d; body %s", got.status, status, got.body)
 	}
-	if ct := got.header.Get("Content-Type"); ct != "application/json" {
-		t.Errorf("Content-Type = %q, want application/json", ct)
+	for k, want := range map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"} {
+		if g := got.header.Get(k); g != want {
+			t.Errorf("header %s = %q, want %q", k, g, want)
+		}
 	}
 	for k, want := range header {
 		if g := strings.Join(got.header.Values(k), ", "); g != want {
@@ -629,9 +642,9 @@ func TestHealthUnavailable(t *testing.T) {
 
 func TestPanicIsJSON500(t *testing.T) {
 	var logged bytes.Buffer
-	h := recoverPanics(slog.New(slog.NewTextHandler(&logged, nil)), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+	h := secureHeaders(recoverPanics(slog.New(slog.NewTextHandler(&logged, nil)), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		panic("boom: secret detail")
-	}))
+	})))
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	got := do(t, srv, call{method: "GET", path: "/v1/pets"})
@@ -711,7 +724,7 @@ func TestStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := s.createPet(context.Background(), NewPet{Name: "Rex", CategoryID: 1, Status: "available"})
+		p, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: "Rex", CategoryID: 1, Status: "available"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -805,7 +818,7 @@ func startRun(t *testing.T, args []string, env map[string]string) (baseURL strin
 	go func() {
 		done <- run(ctx, append([]string{"petstore"}, args...), func(k string) string { return env[k] }, io.Discard, stderr)
 	}()
-	addrRE := regexp.MustCompile(`msg=listening addr=(http://\S+)`)
+	addrRE := regexp.MustCompile(`msg=listening addr=(https?://\S+)`)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if m := addrRE.FindStringSubmatch(stderr.String()); m != nil {
@@ -932,7 +945,7 @@ func TestRunFailures(t *testing.T) {
 		{"unknown flag", []string{"-nope"}, env, "flag provided but not defined: -nope"},
 		{"bad key list", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "a b"},
 			"PETSTORE_API_KEYS: API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
-		{"stray argument", []string{"serve"}, env, `unexpected argument "serve"`},
+		{"stray argument", []string{"serve"}, env, `unexpected argument "serve" (commands: backup, keygen)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -945,4 +958,454 @@ func TestRunFailures(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	const rex = `{"name":"Rex","categoryId":1}`
+	created := `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`
+	withKey := func(key string) map[string]string { return map[string]string{"Idempotency-Key": key} }
+	badKey := func(msg string) string { return errBody(400, codeInvalidParameter, msg) }
+
+	t.Run("retries replay the first answer", func(t *testing.T) {
+		srv, _ := newTestServer(t)
+		first := do(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("order-42")})
+		checkReply(t, first, 201, map[string]string{"Location": "/v1/pets/1", "Idempotent-Replayed": ""}, created)
+		for _, tt := range []struct{ name, body, key string }{
+			{"same body", rex, "order-42"},
+			{"same pet written differently", `{ "categoryId": 1, "status": "available", "name": "Rex" }`, "order-42"},
+			{"key as a structured-field string", rex, `"order-42"`},
+		} {
+			got := do(t, srv, call{method: "POST", path: "/v1/pets", body: tt.body, header: withKey(tt.key)})
+			checkReply(t, got, 201, map[string]string{"Location": "/v1/pets/1", "Idempotent-Replayed": "true"}, created)
+		}
+		// Another key is another pet; the same key with another pet is refused.
+		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("order-43")}), 201,
+			map[string]string{"Location": "/v1/pets/2"}, `{"id":2,"name":"Rex","categoryId":1,"status":"available"}`)
+		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Tom","categoryId":1}`, header: withKey("order-42")}), 422,
+			map[string]string{"Location": ""},
+			errBody(422, codeIdempotencyKeyReused, "this Idempotency-Key was already used for a different pet; use a new key for a new request"))
+		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1,"status":"sold"}`, header: withKey("order-42")}), 422,
+			nil, errBody(422, codeIdempotencyKeyReused, "this Idempotency-Key was already used for a different pet; use a new key for a new request"))
+		// An invalid body is a 400 whatever the key.
+		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex"}`, header: withKey("order-42")}), 400,
+			nil, errBody(400, codeInvalidBody, "categoryId is required"))
+		checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil,
+			`[`+created+`,{"id":2,"name":"Rex","categoryId":1,"status":"available"}]`)
+	})
+
+	t.Run("key rules", func(t *testing.T) {
+		srv, _ := newTestServer(t)
+		for _, tt := range []struct {
+			name   string
+			key    string
+			status int
+			want   string
+		}{
+			{"255 characters", strings.Repeat("k", 255), 201, created},
+			{"256 characters", strings.Repeat("k", 256), 400, badKey("Idempotency-Key must be 1 to 255 printable ASCII characters, got 256")},
+			{"quoted empty", `""`, 400, badKey("Idempotency-Key must be 1 to 255 printable ASCII characters, got 0")},
+			{"control character (tab)", "a\tb", 400, badKey("Idempotency-Key must be 1 to 255 printable ASCII characters")},
+			{"non-ASCII", "clé", 400, badKey("Idempotency-Key must be 1 to 255 printable ASCII characters")},
+			{"bad escape in quotes", `"a\b"`, 400, badKey(`Idempotency-Key must be 1 to 255 printable ASCII characters (a quoted key may escape only \ and ")`)},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				got := do(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey(tt.key)})
+				checkReply(t, got, tt.status, nil, tt.want)
+			})
+		}
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/pets", strings.NewReader(rex))
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		req.Header.Add("Idempotency-Key", "a")
+		req.Header.Add("Idempotency-Key", "b")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		checkReply(t, reply{resp.StatusCode, resp.Header, b}, 400, nil, badKey("send one Idempotency-Key header, not several"))
+		// Only the 255-character key created a pet.
+		checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil, "["+created+"]")
+	})
+
+	t.Run("concurrent requests with one key create one pet", func(t *testing.T) {
+		srv, _ := newTestServer(t)
+		const n = 24
+		var wg sync.WaitGroup
+		replies := make([]reply, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				replies[i] = do(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("same")})
+			}()
+		}
+		wg.Wait()
+		replayed := 0
+		for _, r := range replies {
+			checkReply(t, r, 201, map[string]string{"Location": "/v1/pets/1"}, created)
+			if r.header.Get("Idempotent-Replayed") == "true" {
+				replayed++
+			}
+		}
+		if replayed != n-1 {
+			t.Errorf("%d replays, want %d", replayed, n-1)
+		}
+		checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil, "["+created+"]")
+	})
+}
+
+func TestMigrateFromVersion1(t *testing.T) {
+	// A file written by the first release (schema version 1) is upgraded in
+	// place, its pets kept, and idempotency works on it.
+	path := filepath.Join(t.TempDir(), "v1.db")
+	db, err := sql.Open("sqlite3", sqliteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{migrations[0], "PRAGMA user_version = 1",
+		"INSERT INTO pets (name, category_id, status) VALUES ('Old', 4, 'sold')"} {
+		if _, err := db.Exec(stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	s, err := openStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	got, err := s.getPet(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(Pet{ID: 1, Name: "Old", CategoryID: 4, Status: "sold"}, got); diff != "" {
+		t.Errorf("pet after migration (-want +got):\n%s", diff)
+	}
+	req := createRequest{pet: NewPet{Name: "New", CategoryID: 1, Status: "available"}, idempotencyKey: "k"}
+	first, _, err := s.createPet(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, replayed, err := s.createPet(context.Background(), req)
+	if err != nil || !replayed || again != first {
+		t.Errorf("retry = %+v, %v, %v; want %+v replayed", again, replayed, err, first)
+	}
+}
+
+func TestKeysFile(t *testing.T) {
+	digestOf := func(k string) keyDigest { return sha256Sum(k) }
+	tests := []struct {
+		name    string
+		file    string
+		want    []keyDigest
+		wantErr string
+	}{
+		{"plain and hashed keys with comments", "# back office\nplain-key\n\n  sha256:" + hexDigest("hashed-key") + "  # scripts\n#old-key\n",
+			[]keyDigest{digestOf("plain-key"), digestOf("hashed-key")}, ""},
+		{"empty file", "", nil, ""},
+		{"only comments", "# nothing yet\n", nil, ""},
+		{"CRLF line ends", "a-key\r\nb-key\r\n", []keyDigest{digestOf("a-key"), digestOf("b-key")}, ""},
+		{"two words", "good-key\nsecret-one secret-two\n", nil, "line 2: more than one word; write one key a line, comments after #"},
+		{"short digest", "sha256:abcd\n", nil, "line 1: sha256: must be followed by the 64 hex digits of the key's SHA-256 digest"},
+		{"digest not hex", "sha256:" + strings.Repeat("z", 64) + "\n", nil, "line 1: sha256: must be followed by the 64 hex digits of the key's SHA-256 digest"},
+		{"non-ASCII key", "ключ\n", nil, "line 1: a key must be printable ASCII without spaces"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseKeysFile([]byte(tt.file))
+			gotErr := ""
+			if err != nil {
+				gotErr = err.Error()
+			}
+			if gotErr != tt.wantErr {
+				t.Fatalf("error = %q, want %q", gotErr, tt.wantErr)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("digests (-want +got):\n%s", diff)
+			}
+			if strings.Contains(gotErr, "secret") {
+				t.Errorf("error shows a key: %s", gotErr)
+			}
+		})
+	}
+}
+
+// sha256Sum and hexDigest compute a key's digest independently of the code
+// under test's helpers.
+func sha256Sum(k string) keyDigest { return keyDigest(sha256.Sum256([]byte(k))) }
+
+func hexDigest(k string) string { d := sha256Sum(k); return hex.EncodeToString(d[:]) }
+
+func TestKeygen(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"petstore", "keygen"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`^key: ([A-Za-z0-9_-]{43})\nkeys-file line: sha256:([0-9a-f]{64})\n$`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("keygen output %q", out.String())
+	}
+	if m[2] != hexDigest(m[1]) {
+		t.Errorf("line's digest %s is not the key's %s", m[2], hexDigest(m[1]))
+	}
+}
+
+// waitForLog waits until the service's log has grown a line matching re
+// beyond the first skip matches.
+func waitForLog(t *testing.T, log *syncBuffer, re string, count int) {
+	t.Helper()
+	pattern := regexp.MustCompile(re)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(pattern.FindAllString(log.String(), -1)) < count {
+		if time.Now().After(deadline) {
+			t.Fatalf("log never had %d lines matching %q:\n%s", count, re, log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestKeysFileReloadOnSIGHUP(t *testing.T) {
+	dir := t.TempDir()
+	keysFile := filepath.Join(dir, "keys")
+	write := func(content string) {
+		if err := os.WriteFile(keysFile, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("old-key\nsha256:" + hexDigest("new-key") + "\n")
+	env := map[string]string{"PETSTORE_API_KEYS_FILE": keysFile, "PETSTORE_DB": filepath.Join(dir, "pets.db")}
+	base, stderr, _ := startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
+	hup := func() {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ok := func(key string) { checkReply(t, send(t, "GET", base+"/v1/pets", key, ""), 200, nil, `[]`) }
+	refused := func(key string) {
+		checkReply(t, send(t, "GET", base+"/v1/pets", key, ""), 401, nil, errBody(401, codeUnauthorized, "invalid API key"))
+	}
+	ok("old-key")
+	ok("new-key")
+
+	// Revoke old-key without a restart.
+	write("# old-key revoked\nsha256:" + hexDigest("new-key") + "\n")
+	hup()
+	waitForLog(t, stderr, `API keys reloaded" keys=1`, 1)
+	refused("old-key")
+	ok("new-key")
+
+	// A broken file changes nothing and says why.
+	write("new-key\nsha256:broken\n")
+	hup()
+	waitForLog(t, stderr, `API keys not reloaded; the previous keys stay in force" err="API keys file \S+ line 2: sha256: must be followed`, 1)
+	ok("new-key")
+	refused("old-key")
+	if strings.Contains(stderr.String(), "old-key") || strings.Contains(stderr.String(), "new-key") {
+		t.Errorf("log shows a key:\n%s", stderr.String())
+	}
+}
+
+func TestBackupWhileWriting(t *testing.T) {
+	srv, store := newTestServer(t)
+	dbPath := store.path
+	// Writers keep creating pets while the backup runs.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	acked := map[int64]Pet{}
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p, _, err := store.createPet(context.Background(), createRequest{pet: NewPet{Name: fmt.Sprintf("w%d-%d", w, i), CategoryID: int64(w + 1), Status: "pending"}})
+				if err != nil {
+					t.Errorf("create: %v", err)
+					return
+				}
+				mu.Lock()
+				acked[p.ID] = p
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	before := len(acked)
+	mu.Unlock()
+
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"petstore", "backup", "-db", dbPath, backup}, func(string) string { return "" }, &out, io.Discard)
+	mu.Lock()
+	after := len(acked)
+	mu.Unlock()
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("backup: %v", err)
+	}
+	if fi, err := os.Stat(backup); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("backup file: %v, mode %v; want 0600", err, fi.Mode().Perm())
+	}
+
+	// The copy is a consistent snapshot: at least what was acknowledged
+	// before it began, every row identical to the live one.
+	copyStore, err := openStore(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer copyStore.close()
+	got, err := copyStore.listPets(context.Background(), petFilter{limit: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) < before || len(got) > after {
+		t.Errorf("backup holds %d pets; %d were acknowledged before it began, %d when it ended", len(got), before, after)
+	}
+	for i, p := range got {
+		if p != acked[p.ID] {
+			t.Errorf("backup pet %+v differs from the acknowledged %+v", p, acked[p.ID])
+		}
+		if p.ID != int64(i+1) {
+			t.Fatalf("backup has a gap: pet %d at position %d", p.ID, i+1)
+		}
+	}
+	if want := fmt.Sprintf("backed up %s to %s: %d pets, integrity ok\n", dbPath, backup, len(got)); out.String() != want {
+		t.Errorf("backup said %q, want %q", out.String(), want)
+	}
+	t.Logf("backup of a live database: %d pets acknowledged before, %d after, %d in the copy", before, after, len(got))
+
+	// The live service is unaffected.
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+
+	// A backup never overwrites.
+	err = run(context.Background(), []string{"petstore", "backup", "-db", dbPath, backup}, func(string) string { return "" }, io.Discard, io.Discard)
+	if want := "backup: backup file: open " + backup + ": file exists"; err == nil || err.Error() != want {
+		t.Errorf("second backup: %v, want %q", err, want)
+	}
+	err = run(context.Background(), []string{"petstore", "backup", "-db", filepath.Join(t.TempDir(), "missing.db"), filepath.Join(t.TempDir(), "b.db")}, func(string) string { return "" }, io.Discard, io.Discard)
+	if err == nil || !strings.HasPrefix(err.Error(), "backup: database to back up: stat ") {
+		t.Errorf("backup of a missing file: %v", err)
+	}
+}
+
+func TestSlowClientIsCutOff(t *testing.T) {
+	env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")}
+	base, _, _ := startRun(t, []string{"-addr", "127.0.0.1:0", "-read-header-timeout", "500ms"}, env)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Trickle a header one byte every 50 ms: 200 bytes would take 10 s.
+	closed := make(chan time.Duration, 1)
+	start := time.Now()
+	go func() {
+		io.Copy(io.Discard, conn)
+		closed <- time.Since(start)
+	}()
+	go func() {
+		fmt.Fprint(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n")
+		for _, b := range []byte(strings.Repeat("X-Slow: trickle\r\n", 12)) {
+			if _, err := conn.Write([]byte{b}); err != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	// Others are served meanwhile.
+	for range 5 {
+		checkReply(t, send(t, "GET", base+"/healthz", "", ""), 200, nil, `{"status":"ok"}`)
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case d := <-closed:
+		if d > 3*time.Second {
+			t.Errorf("slow client cut off after %v, want about 500ms", d)
+		}
+		t.Logf("trickling client cut off after %v", d.Round(time.Millisecond))
+	case <-time.After(8 * time.Second):
+		t.Fatal("slow client still connected after 8s")
+	}
+}
+
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, pool := writeTestCertificate(t, dir)
+	env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(dir, "pets.db")}
+	base, _, _ := startRun(t, []string{"-addr", "127.0.0.1:0", "-tls-cert", certFile, "-tls-key", keyFile}, env)
+	if !strings.HasPrefix(base, "https://") {
+		t.Fatalf("listening on %s, want https", base)
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	req, _ := http.NewRequest("POST", base+"/v1/pets", strings.NewReader(`{"name":"Rex","categoryId":1}`))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.TLS == nil {
+		t.Error("answer did not come over TLS")
+	}
+	checkReply(t, reply{resp.StatusCode, resp.Header, b}, 201, map[string]string{"Location": "/v1/pets/1"},
+		`{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
+
+	// Bad TLS settings fail the start with one line.
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-tls-cert", certFile}, "-tls-cert and -tls-key go together: give both or neither"},
+		{[]string{"-tls-cert", keyFile, "-tls-key", keyFile}, "TLS certificate: tls: failed to find certificate PEM data in certificate input, but did find a private key; PEM inputs may have been switched"},
+	} {
+		err := run(context.Background(), append([]string{"petstore", "-addr", "127.0.0.1:0"}, tt.args...), func(k string) string { return env[k] }, io.Discard, io.Discard)
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("run %v: %v, want %q", tt.args, err, tt.want)
+		}
+	}
+}
+
+// writeTestCertificate makes a self-signed certificate for 127.0.0.1 and
+// returns its files and a pool that trusts it.
+func writeTestCertificate(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "petstore test"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600)
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -14,8 +16,13 @@ import (
 	_ "github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
 )
 
-// errNotFound is returned by the store when no pet has the requested id.
-var errNotFound = errors.New("not found")
+var (
+	// errNotFound: no pet has the requested id.
+	errNotFound = errors.New("not found")
+	// errIdempotencyKeyReused: the Idempotency-Key already created a pet
+	// from a different request.
+	errIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
+)
 
 // migrations[i] moves a database from schema version i to i+1. The version
 // lives in PRAGMA user_version, so a newer binary can upgrade a store's
@@ -33,6 +40,15 @@ var migrations = []string{
 		status      TEXT    NOT NULL CHECK (status IN ('available', 'pending', 'sold'))
 	) STRICT;
 	CREATE INDEX pets_status_id ON pets (status, id);`,
+
+	// 1 -> 2: Idempotency-Key. The key and a fingerprint of the request
+	// live in the pet's own row, so they commit with it: a retry after a
+	// crash finds exactly the pets that were acknowledged. Partial unique
+	// index: most rows have no key and cost nothing in it.
+	`ALTER TABLE pets ADD COLUMN idempotency_key TEXT;
+	ALTER TABLE pets ADD COLUMN request_fingerprint BLOB;
+	CREATE UNIQUE INDEX pets_idempotency_key ON pets (idempotency_key)
+		WHERE idempotency_key IS NOT NULL;`,
 }
 
 // petStore keeps the catalogue in one SQLite file. Writes go through a
@@ -40,6 +56,7 @@ var migrations = []string{
 // file lock ("database is locked"); reads use a pool of read-only
 // connections that WAL lets run beside the writer.
 type petStore struct {
+	path    string
 	writer  *sql.DB
 	readers *sql.DB
 
@@ -103,7 +120,7 @@ func openStore(path string) (*petStore, error) {
 	readers.SetMaxOpenConns(n)
 	readers.SetMaxIdleConns(n)
 
-	s := &petStore{writer: writer, readers: readers}
+	s := &petStore{path: path, writer: writer, readers: readers}
 	if err := s.migrate(); err != nil {
 		s.close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
@@ -158,20 +175,76 @@ func (s *petStore) ping(ctx context.Context) error {
 	return s.readers.QueryRowContext(ctx, "SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
 }
 
-// createPet stores p and returns it with its new id. It returns only after
-// the row is committed.
-func (s *petStore) createPet(ctx context.Context, p NewPet) (Pet, error) {
-	res, err := s.writer.ExecContext(ctx,
-		"INSERT INTO pets (name, category_id, status) VALUES (?, ?, ?)",
-		p.Name, p.CategoryID, p.Status)
+// createRequest is one create: the pet and, when the client sent one, its
+// Idempotency-Key with a fingerprint of what it asked for.
+type createRequest struct {
+	pet            NewPet
+	idempotencyKey string // "" when the client sent none
+}
+
+// fingerprint identifies what a create asks for, after defaults: two
+// bodies that would store the same pet have the same fingerprint. NUL
+// cannot occur in a valid name, so the fields cannot run together.
+func (c createRequest) fingerprint() []byte {
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%s", c.pet.Name, c.pet.CategoryID, c.pet.Status))
+	return sum[:]
+}
+
+// createPet stores the pet and returns it with its new id; it returns
+// only after the row is committed. With an idempotency key already used
+// for the same request it returns the pet that request created and
+// replayed true; used for another request, errIdempotencyKeyReused.
+func (s *petStore) createPet(ctx context.Context, c createRequest) (p Pet, replayed bool, err error) {
+	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
-		return Pet{}, err
+		return Pet{}, false, err
+	}
+	defer tx.Rollback()
+	p, replayed, err = insertPet(ctx, tx, c)
+	if err != nil {
+		return Pet{}, false, err
+	}
+	if err := tx.Commit(); err != nil {
+		return Pet{}, false, err
+	}
+	return p, replayed, nil
+}
+
+// insertPet does createPet's work inside tx. The lookup and the insert
+// share the write transaction, so two requests with one key cannot both
+// insert; the unique index would refuse the second anyway.
+func insertPet(ctx context.Context, tx *sql.Tx, c createRequest) (Pet, bool, error) {
+	fp := c.fingerprint()
+	if c.idempotencyKey != "" {
+		var p Pet
+		var storedFP []byte
+		err := tx.QueryRowContext(ctx,
+			"SELECT id, name, category_id, status, request_fingerprint FROM pets WHERE idempotency_key = ?",
+			c.idempotencyKey).Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status, &storedFP)
+		switch {
+		case err == nil && bytes.Equal(storedFP, fp):
+			return p, true, nil
+		case err == nil:
+			return Pet{}, false, errIdempotencyKeyReused
+		case !errors.Is(err, sql.ErrNoRows):
+			return Pet{}, false, err
+		}
+	}
+	var key, keyFP any // NULL without an idempotency key
+	if c.idempotencyKey != "" {
+		key, keyFP = c.idempotencyKey, fp
+	}
+	res, err := tx.ExecContext(ctx,
+		"INSERT INTO pets (name, category_id, status, idempotency_key, request_fingerprint) VALUES (?, ?, ?, ?, ?)",
+		c.pet.Name, c.pet.CategoryID, c.pet.Status, key, keyFP)
+	if err != nil {
+		return Pet{}, false, err
 	}
 	id, err := res.LastInsertId()
 	if err != nil {
-		return Pet{}, err
+		return Pet{}, false, err
 	}
-	return Pet{ID: id, Name: p.Name, CategoryID: p.CategoryID, Status: p.Status}, nil
+	return Pet{ID: id, Name: c.pet.Name, CategoryID: c.pet.CategoryID, Status: c.pet.Status}, false, nil
 }
 
 // getPet returns the pet with the given id, or errNotFound.
@@ -211,7 +284,7 @@ func (s *petStore) listPets(ctx context.Context, f petFilter) ([]Pet, error) {
 		return nil, err
 	}
 	defer rows.Close()
-	pets := make([]Pet, 0, f.limit)
+	pets := make([]Pet, 0, min(f.limit, maxLimit+1))
 	for rows.Next() {
 		var p Pet
 		if err := rows.Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status); err != nil {
@@ -220,4 +293,55 @@ func (s *petStore) listPets(ctx context.Context, f petFilter) ([]Pet, error) {
 		pets = append(pets, p)
 	}
 	return pets, rows.Err()
+}
+
+// backupDatabase writes a consistent copy of the database file src to dst
+// while the service may be writing to src. VACUUM INTO reads one snapshot
+// (a WAL read transaction) and so neither blocks the writer nor copies a
+// half-committed state; the copy is compacted and self-contained (no
+// -wal file). dst must not exist. It returns how many pets the copy holds.
+func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
+	if _, err := os.Stat(src); err != nil {
+		return 0, fmt.Errorf("database to back up: %w", err)
+	}
+	// Created empty and private here; VACUUM INTO fills an empty file.
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("backup file: %w", err)
+	}
+	f.Close()
+	defer func() {
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+
+	db, err := sql.Open("sqlite3", sqliteDSN(src))
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
+		return 0, fmt.Errorf("back up %s: %w", src, err)
+	}
+
+	// Check the copy before calling it a backup.
+	// Read-only and without our DSN options, which would turn the copy
+	// into a WAL database with -wal and -shm files beside it.
+	out, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: dst}).EscapedPath()+"?mode=ro")
+	if err != nil {
+		return 0, err
+	}
+	defer out.Close()
+	var check string
+	if err := out.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&check); err != nil {
+		return 0, fmt.Errorf("check backup: %w", err)
+	}
+	if check != "ok" {
+		return 0, fmt.Errorf("check backup: integrity_check says %q", check)
+	}
+	if err := out.QueryRowContext(ctx, "SELECT count(*) FROM pets").Scan(&pets); err != nil {
+		return 0, fmt.Errorf("check backup: %w", err)
+	}
+	return pets, nil
 }
