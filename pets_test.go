@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -18,10 +19,12 @@ import (
 	"io"
 	"log/slog"
 	"math/big"
+	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -1408,4 +1411,344 @@ func writeTestCertificate(t *testing.T, dir string) (certFile, keyFile string, p
 	pool = x509.NewCertPool()
 	pool.AddCert(cert)
 	return certFile, keyFile, pool
+}
+
+// startBinary starts the built petstore binary on db and returns its base
+// URL once it listens. Its log is drained so it never blocks on stderr.
+func startBinary(t *testing.T, bin, db string) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-db", db)
+	cmd.Env = append(os.Environ(), "PETSTORE_API_KEYS="+testKey)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := make(chan string, 1)
+	go func() {
+		re := regexp.MustCompile(`msg=listening addr=(http://\S+)`)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+	}()
+	select {
+	case a := <-addr:
+		return a, cmd
+	case <-time.After(20 * time.Second):
+		t.Fatal("binary did not start listening")
+		return "", nil
+	}
+}
+
+// TestCrashSafety kills the real binary with SIGKILL in the middle of a
+// stream of creates. After a restart every pet acknowledged with 201 must
+// be there, unchanged, the file must pass integrity_check, and retries of
+// the interrupted requests with their Idempotency-Key must not duplicate.
+func TestCrashSafety(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the crash test builds the binary and needs the go command: %v", err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "petstore")
+	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	db := filepath.Join(dir, "pets.db")
+	base, proc := startBinary(t, bin, db)
+
+	type request struct{ body, key string }
+	var (
+		mu       sync.Mutex
+		acked    = map[int64]Pet{}
+		ackedReq = map[int64]request{}
+		inFlight []request // sent with a key, no answer before the kill
+	)
+	client := &http.Client{Timeout: 10 * time.Second}
+	post := func(r request) (reply, error) {
+		req, _ := http.NewRequest("POST", base+"/v1/pets", strings.NewReader(r.body))
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		if r.key != "" {
+			req.Header.Set("Idempotency-Key", r.key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return reply{}, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return reply{resp.StatusCode, resp.Header, b}, err
+	}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				r := request{body: fmt.Sprintf(`{"name":"w%d-%d","categoryId":%d,"status":"pending"}`, w, i, w+1)}
+				if i%2 == 0 {
+					r.key = fmt.Sprintf("crash-w%d-%d", w, i)
+				}
+				got, err := post(r)
+				mu.Lock()
+				if err != nil {
+					if r.key != "" {
+						inFlight = append(inFlight, r)
+					}
+					mu.Unlock()
+					return // the server is gone
+				}
+				if got.status != 201 {
+					mu.Unlock()
+					t.Errorf("create: %d %s", got.status, got.body)
+					return
+				}
+				var p Pet
+				json.Unmarshal(got.body, &p)
+				acked[p.ID], ackedReq[p.ID] = p, r
+				mu.Unlock()
+			}
+		}()
+	}
+	// Kill once a good number of creates were acknowledged, mid-stream.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		n := len(acked)
+		mu.Unlock()
+		if n >= 300 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := proc.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	proc.Wait()
+	wg.Wait()
+	if len(acked) == 0 {
+		t.Fatal("no create was acknowledged before the kill")
+	}
+
+	base, proc = startBinary(t, bin, db)
+	found := 0
+	for id, want := range acked {
+		got := send(t, "GET", fmt.Sprintf("%s/v1/pets/%d", base, id), testKey, "")
+		var p Pet
+		if got.status == 200 && json.Unmarshal(got.body, &p) == nil && p == want {
+			found++
+		} else {
+			t.Errorf("acknowledged pet %+v after restart: %d %s", want, got.status, got.body)
+		}
+	}
+	// Retries after the crash: acknowledged ones replay, interrupted ones
+	// are created at most once.
+	replays := 0
+	for id, r := range ackedReq {
+		if r.key == "" {
+			continue
+		}
+		got, err := post(r)
+		if err != nil || got.status != 201 || got.header.Get("Idempotent-Replayed") != "true" || got.header.Get("Location") != fmt.Sprintf("/v1/pets/%d", id) {
+			t.Errorf("retry of acknowledged %s: %v %d %v %s", r.key, err, got.status, got.header, got.body)
+			continue
+		}
+		replays++
+	}
+	for _, r := range inFlight {
+		if got, err := post(r); err != nil || got.status != 201 {
+			t.Errorf("retry of interrupted %s: %v %d %s", r.key, err, got.status, got.body)
+		}
+	}
+	names := map[string]int{}
+	total := 0
+	for next := "/v1/pets?limit=100"; next != ""; {
+		got := send(t, "GET", base+next, testKey, "")
+		var pets []Pet
+		json.Unmarshal(got.body, &pets)
+		for _, p := range pets {
+			names[p.Name]++
+			total++
+		}
+		next = strings.TrimSuffix(strings.TrimPrefix(got.header.Get("Link"), "<"), `>; rel="next"`)
+	}
+	for name, n := range names {
+		if n > 1 {
+			t.Errorf("pet %s stored %d times", name, n)
+		}
+	}
+	if err := proc.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.Wait(); err != nil {
+		t.Errorf("SIGTERM: exit %v, want 0", err)
+	}
+
+	check, err := sql.Open("sqlite3", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+	var integrity string
+	if err := check.QueryRow("PRAGMA integrity_check").Scan(&integrity); err != nil || integrity != "ok" {
+		t.Errorf("integrity_check = %q, %v", integrity, err)
+	}
+	t.Logf("SIGKILL mid-stream: %d creates acknowledged, %d found unchanged after restart; %d retries replayed, %d interrupted requests retried; %d pets stored; integrity_check %s",
+		len(acked), found, replays, len(inFlight), total, integrity)
+}
+
+// TestLoadWithFaults drives mixed reads and writes from 32 clients, with
+// faults among them: requests abandoned mid-flight (then retried with
+// their Idempotency-Key), invalid bodies, unknown ids. No answer may be a
+// 5xx or mention a locked database, and afterwards the catalogue holds
+// exactly the pets that were acknowledged.
+func TestLoadWithFaults(t *testing.T) {
+	srv, _ := newTestServer(t)
+	const clients = 32
+	duration := 3 * time.Second
+	var (
+		mu      sync.Mutex
+		acked   = map[int64]Pet{}
+		counts  = map[string]int{}
+		maxID   int64
+		failure []string
+	)
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		if len(failure) < 20 {
+			failure = append(failure, fmt.Sprintf(format, args...))
+		}
+		mu.Unlock()
+	}
+	impatient := &http.Client{Transport: srv.Client().Transport, Timeout: time.Millisecond}
+	patient := &http.Client{Transport: srv.Client().Transport, Timeout: 30 * time.Second}
+	request := func(client *http.Client, method, path, body, key string) (reply, error) {
+		var rd io.Reader
+		if body != "" {
+			rd = strings.NewReader(body)
+		}
+		req, _ := http.NewRequest(method, srv.URL+path, rd)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return reply{}, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return reply{}, err
+		}
+		if resp.StatusCode >= 500 || bytes.Contains(b, []byte("locked")) || !json.Valid(b) {
+			fail("%s %s: %d %s", method, path, resp.StatusCode, b)
+		}
+		return reply{resp.StatusCode, resp.Header, b}, nil
+	}
+	record := func(b []byte) {
+		var p Pet
+		json.Unmarshal(b, &p)
+		mu.Lock()
+		acked[p.ID] = p
+		maxID = max(maxID, p.ID)
+		mu.Unlock()
+	}
+	invalid := []string{`{"name":""}`, `{"name":"x","categoryId":0}`, `[]`, `{"name":"x","categoryId":1,"id":3}`, `{`}
+	stop := time.Now().Add(duration)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := mathrand.New(mathrand.NewPCG(uint64(c), 7))
+			for op := 0; op < 5000 && time.Now().Before(stop); op++ {
+				kind := ""
+				switch n := rng.IntN(100); {
+				case n < 30: // create with a key, sometimes abandoned first
+					kind = "create"
+					key := fmt.Sprintf("load-%d-%d", c, op)
+					body := fmt.Sprintf(`{"name":"%s","categoryId":%d,"status":"%s"}`, key, rng.IntN(9)+1, petStatuses[rng.IntN(3)])
+					if rng.IntN(4) == 0 {
+						kind = "abandoned create"
+						request(impatient, "POST", "/v1/pets", body, key)
+					}
+					for try := 0; ; try++ {
+						got, err := request(patient, "POST", "/v1/pets", body, key)
+						if err == nil && got.status == 201 {
+							record(got.body)
+							break
+						}
+						if try == 10 {
+							fail("create %s never acknowledged: %v %d %s", key, err, got.status, got.body)
+							break
+						}
+					}
+				case n < 40: // create without a key
+					kind = "create"
+					got, err := request(patient, "POST", "/v1/pets", fmt.Sprintf(`{"name":"plain-%d-%d","categoryId":1}`, c, op), "")
+					if err != nil || got.status != 201 {
+						fail("plain create: %v %d %s", err, got.status, got.body)
+						continue
+					}
+					record(got.body)
+				case n < 50:
+					kind = "invalid create"
+					got, err := request(patient, "POST", "/v1/pets", invalid[rng.IntN(len(invalid))], "")
+					if err != nil || got.status != 400 {
+						fail("invalid create: %v %d %s", err, got.status, got.body)
+					}
+				case n < 80:
+					kind = "list"
+					q := fmt.Sprintf("/v1/pets?limit=%d&after=%d", rng.IntN(100)+1, rng.IntN(int(maxIDNow(&mu, &maxID))+1))
+					if rng.IntN(2) == 0 {
+						q += "&status=" + petStatuses[rng.IntN(3)]
+					}
+					if got, err := request(patient, "GET", q, "", ""); err != nil || got.status != 200 {
+						fail("list %s: %v %d %s", q, err, got.status, got.body)
+					}
+				default:
+					kind = "get"
+					id := rng.Int64N(maxIDNow(&mu, &maxID)+5) + 1
+					if got, err := request(patient, "GET", fmt.Sprintf("/v1/pets/%d", id), "", ""); err != nil || (got.status != 200 && got.status != 404) {
+						fail("get %d: %v %d %s", id, err, got.status, got.body)
+					}
+				}
+				mu.Lock()
+				counts[kind]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, f := range failure {
+		t.Error(f)
+	}
+	stored := map[int64]Pet{}
+	for next := "/v1/pets?limit=100"; next != ""; {
+		got := do(t, srv, call{method: "GET", path: next})
+		var pets []Pet
+		json.Unmarshal(got.body, &pets)
+		for _, p := range pets {
+			stored[p.ID] = p
+		}
+		next = strings.TrimSuffix(strings.TrimPrefix(got.header.Get("Link"), "<"), `>; rel="next"`)
+	}
+	if diff := cmp.Diff(acked, stored); diff != "" {
+		t.Errorf("stored pets differ from acknowledged (-acknowledged +stored):\n%s", diff)
+	}
+	t.Logf("%d clients for %v: %v; %d pets acknowledged, %d stored", clients, duration, counts, len(acked), len(stored))
+}
+
+// maxIDNow reads the highest acknowledged id under mu.
+func maxIDNow(mu *sync.Mutex, maxID *int64) int64 {
+	mu.Lock()
+	defer mu.Unlock()
+	return *maxID
 }
