@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -98,8 +99,8 @@ func newHandler(store *petStore, keys *keyRing, log *slog.Logger) http.Handler {
 func secureHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
-		h.Set("Cache-Control", "no-store")
-		h.Set("X-Content-Type-Options", "nosniff")
+		h["Cache-Control"] = noStore
+		h["X-Content-Type-Options"] = noSniff
 		next.ServeHTTP(w, r)
 	})
 }
@@ -110,7 +111,11 @@ func secureHeaders(next http.Handler) http.Handler {
 func rejectUncleanPaths(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
-		clean := path.Clean("/" + p)
+		if !strings.HasPrefix(p, "/") {
+			notFound(w, r) // "*" of OPTIONS *, or the empty path of CONNECT
+			return
+		}
+		clean := path.Clean(p) // allocates only when p is not clean
 		if strings.HasSuffix(p, "/") && clean != "/" {
 			clean += "/"
 		}
@@ -168,16 +173,31 @@ func (s *server) listPets(w http.ResponseWriter, r *http.Request) {
 	// last page, even an exactly full one, has no next link.
 	limit := f.limit
 	f.limit++
-	pets, err := s.store.listPets(r.Context(), f)
+	buf := getBuffer()
+	defer putBuffer(buf)
+	b := append(*buf, '[')
+	n, last := 0, int64(0)
+	err = s.store.listPets(r.Context(), f, func(p *petRow) {
+		if n == limit {
+			n++ // the extra row: only its existence matters
+			return
+		}
+		if n > 0 {
+			b = append(b, ',')
+		}
+		b = appendPetJSON(b, p)
+		n, last = n+1, p.id
+	})
+	*buf = b
 	if err != nil {
 		writeInternalError(w, r, s.log, err)
 		return
 	}
-	if len(pets) > limit {
-		pets = pets[:limit]
-		w.Header().Set("Link", nextPageLink(limit, f.status, pets[limit-1].ID))
+	if n > limit {
+		w.Header()["Link"] = []string{nextPageLink(limit, f.status, last)}
 	}
-	writeJSON(w, http.StatusOK, pets)
+	*buf = append(b, ']', '\n')
+	writeBody(w, http.StatusOK, *buf)
 }
 
 // nextPageLink is the RFC 8288 Link to the page after the pet with id
@@ -190,50 +210,84 @@ func nextPageLink(limit int, status string, after int64) string {
 	return "</v1/pets?" + q + "&after=" + strconv.FormatInt(after, 10) + `>; rel="next"`
 }
 
+// listParams are listPets' query parameters, in the order their values
+// are checked.
+var listParams = [...]string{"limit", "status", "after"}
+
 // parseListQuery validates listPets' query string. Unknown and repeated
 // parameters are errors: a misspelt "stauts" must not silently return
-// every pet.
+// every pet. It reads the query as url.ParseQuery would (pairs joined by
+// "&", percent-encoding, "+" for space, ";" refused) without building a
+// map, since it runs on every list.
 func parseListQuery(rawQuery string) (petFilter, error) {
 	f := petFilter{limit: defaultLimit}
-	q, err := url.ParseQuery(rawQuery)
-	if err != nil {
-		return f, errors.New("malformed query string: use name=value pairs joined by &, percent-encoded")
-	}
-	names := make([]string, 0, len(q))
-	for name := range q {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		if name != "limit" && name != "status" && name != "after" {
-			return f, fmt.Errorf("unknown query parameter %s; known: limit, status, after", quoteValue(name))
+	var values [len(listParams)]string
+	var given [len(listParams)]bool
+	// Of the unknown or repeated names, the first in sorted order is
+	// reported, so the message does not depend on parameter order.
+	bad, badUnknown, haveBad := "", false, false
+	for rest := rawQuery; rest != ""; {
+		var pair string
+		pair, rest, _ = strings.Cut(rest, "&")
+		if strings.Contains(pair, ";") {
+			return f, errMalformedQuery
 		}
-		if len(q[name]) > 1 {
-			return f, fmt.Errorf("query parameter %s is given more than once", name)
+		if pair == "" {
+			continue
 		}
+		name, value, _ := strings.Cut(pair, "=")
+		var err1, err2 error
+		if strings.ContainsAny(name, "%+") {
+			name, err1 = url.QueryUnescape(name)
+		}
+		if strings.ContainsAny(value, "%+") {
+			value, err2 = url.QueryUnescape(value)
+		}
+		if err1 != nil || err2 != nil {
+			return f, errMalformedQuery
+		}
+		i := slices.Index(listParams[:], name)
+		unknown := i < 0
+		if unknown || given[i] {
+			if !haveBad || name < bad || (name == bad && unknown) {
+				bad, badUnknown, haveBad = name, unknown, true
+			}
+			continue
+		}
+		values[i], given[i] = value, true
 	}
-	if v, ok := q["limit"]; ok {
-		n, ok := parseDecimal(v[0])
+	if haveBad {
+		if badUnknown {
+			return f, fmt.Errorf("unknown query parameter %s; known: limit, status, after", quoteValue(bad))
+		}
+		return f, fmt.Errorf("query parameter %s is given more than once", bad)
+	}
+	if given[0] {
+		n, ok := parseDecimal(values[0])
 		if !ok || n < 1 || n > maxLimit {
-			return f, fmt.Errorf("limit must be an integer from 1 to %d, got %s", maxLimit, quoteValue(v[0]))
+			return f, fmt.Errorf("limit must be an integer from 1 to %d, got %s", maxLimit, quoteValue(values[0]))
 		}
 		f.limit = int(n)
 	}
-	if v, ok := q["status"]; ok {
-		if !slices.Contains(petStatuses, v[0]) {
-			return f, fmt.Errorf("status must be one of available, pending, sold, got %s", quoteValue(v[0]))
+	if given[1] {
+		if !slices.Contains(petStatuses, values[1]) {
+			return f, fmt.Errorf("status must be one of available, pending, sold, got %s", quoteValue(values[1]))
 		}
-		f.status = v[0]
+		f.status = values[1]
 	}
-	if v, ok := q["after"]; ok {
-		n, ok := parseDecimal(v[0])
+	if given[2] {
+		n, ok := parseDecimal(values[2])
 		if !ok {
-			return f, fmt.Errorf("after must be the id of the last pet seen (an integer from 0 to 9223372036854775807), got %s", quoteValue(v[0]))
+			return f, fmt.Errorf("after must be the id of the last pet seen (an integer from 0 to 9223372036854775807), got %s", quoteValue(values[2]))
 		}
 		f.after = n
 	}
 	return f, nil
 }
+
+// errMalformedQuery is the answer to a query string that is not
+// name=value pairs.
+var errMalformedQuery = errors.New("malformed query string: use name=value pairs joined by &, percent-encoded")
 
 // parseDecimal parses a non-negative int64 written as plain digits: no
 // sign, no spaces, no fraction, no exponent.
@@ -268,7 +322,11 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
 			"petId must be a pet's id, an integer from 1 to 9223372036854775807, got "+quoteValue(r.PathValue("petId")))
 		return
 	}
-	p, err := s.store.getPet(r.Context(), id)
+	buf := getBuffer()
+	defer putBuffer(buf)
+	err := s.store.getPet(r.Context(), id, func(p *petRow) {
+		*buf = append(appendPetJSON(*buf, p), '\n')
+	})
 	if errors.Is(err, errNotFound) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no pet with id "+strconv.FormatInt(id, 10))
 		return
@@ -277,7 +335,7 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
 		writeInternalError(w, r, s.log, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, p)
+	writeBody(w, http.StatusOK, *buf)
 }
 
 // createPet answers POST /v1/pets. The 201 is sent only once the row is
@@ -317,7 +375,8 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	w.Header().Set("Location", "/v1/pets/"+strconv.FormatInt(p.ID, 10))
-	writeJSON(w, http.StatusCreated, p)
+	row := petRow{id: p.ID, name: []byte(p.Name), categoryID: p.CategoryID, status: []byte(p.Status)}
+	writeBody(w, http.StatusCreated, append(appendPetJSON(nil, &row), '\n'))
 }
 
 // maxIdempotencyKey is the longest Idempotency-Key accepted, in bytes.
@@ -568,8 +627,9 @@ func decodeStatus(raw json.RawMessage, status *string) string {
 	return ""
 }
 
-// writeJSON answers with v as JSON. HTML escaping is off: the body is
-// application/json with nosniff, never HTML, and "<" should read as "<".
+// writeJSON answers with v as JSON, for the answers off the hot paths
+// (errors, health). HTML escaping is off, as in appendJSONString: the body
+// is application/json with nosniff, never HTML, and "<" should read as "<".
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -581,9 +641,105 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		buf.Reset()
 		buf.WriteString(`{"code":"internal_error","message":"internal error","status":500}` + "\n")
 	}
+	writeBody(w, status, buf.Bytes())
+}
+
+// Header values shared by every answer; net/http only reads them.
+var (
+	contentTypeJSON = []string{"application/json"}
+	noStore         = []string{"no-store"}
+	noSniff         = []string{"nosniff"}
+)
+
+// writeBody answers with a JSON body already encoded.
+func writeBody(w http.ResponseWriter, status int, body []byte) {
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(buf.Len()))
+	h["Content-Type"] = contentTypeJSON
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
 	w.WriteHeader(status)
-	w.Write(buf.Bytes())
+	w.Write(body)
+}
+
+// buffers recycles answer buffers between requests.
+var buffers = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+func getBuffer() *[]byte { return buffers.Get().(*[]byte) }
+
+func putBuffer(b *[]byte) {
+	if cap(*b) > 64<<10 {
+		return // an unusually large answer: let it go rather than pin it
+	}
+	*b = (*b)[:0]
+	buffers.Put(b)
+}
+
+// appendPetJSON appends a pet as a JSON object, byte for byte what
+// encoding/json makes of Pet with HTML escaping off (a test holds the two
+// together), without reflection or allocation.
+func appendPetJSON(b []byte, p *petRow) []byte {
+	b = append(b, `{"id":`...)
+	b = strconv.AppendInt(b, p.id, 10)
+	b = append(b, `,"name":`...)
+	b = appendJSONString(b, p.name)
+	b = append(b, `,"categoryId":`...)
+	b = strconv.AppendInt(b, p.categoryID, 10)
+	b = append(b, `,"status":`...)
+	b = appendJSONString(b, p.status)
+	return append(b, '}')
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string the way encoding/json does
+// with HTML escaping off: '"', '\\' and control characters escaped (the
+// short forms where JSON has them), U+2028 and U+2029 escaped for
+// JavaScript, invalid UTF-8 replaced by U+FFFD.
+func appendJSONString(b []byte, s []byte) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= ' ' && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRune(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/big"
 	mathrand "math/rand/v2"
 	"net"
@@ -382,6 +383,15 @@ func TestListPets(t *testing.T) {
 		{"repeated parameter", "?limit=1&limit=2", 400, "", bad(`query parameter limit is given more than once`)},
 		{"malformed escape", "?limit=%zz", 400, "", bad(`malformed query string: use name=value pairs joined by &, percent-encoded`)},
 		{"semicolon separator", "?limit=1;status=sold", 400, "", bad(`malformed query string: use name=value pairs joined by &, percent-encoded`)},
+		{"malformed escape after an unknown name", "?zzz=1&limit=%zz", 400, "", bad(`malformed query string: use name=value pairs joined by &, percent-encoded`)},
+		{"empty pairs are ignored", "?&&limit=1&&after=24&", 200, "", page(25)},
+		{"name without a value", "?limit", 400, "", bad(`limit must be an integer from 1 to 100, got ""`)},
+		{"plus is a space", "?status=sold+", 400, "", bad(`status must be one of available, pending, sold, got "sold "`)},
+		{"encoded name", "?%6Cimit=1&after=24", 200, "", page(25)},
+		{"first bad name in sorted order", "?zeta=1&limit=1&limit=2&alpha=1", 400, "", bad(`unknown query parameter "alpha"; known: limit, status, after`)},
+		{"repeated before unknown in sorted order", "?status=sold&zeta=1&status=sold", 400, "", bad(`query parameter status is given more than once`)},
+		{"empty name", "?=5", 400, "", bad(`unknown query parameter ""; known: limit, status, after`)},
+		{"empty name sorts first", "?zeta=1&=5", 400, "", bad(`unknown query parameter ""; known: limit, status, after`)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -737,7 +747,7 @@ func TestStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.close()
-		got, err := s.getPet(context.Background(), p.ID)
+		got, err := storedPet(s, p.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -768,7 +778,7 @@ func TestStore(t *testing.T) {
 			t.Errorf("openStore error = %v, want %q", err, want)
 		}
 	})
-	t.Run("status filter uses the index", func(t *testing.T) {
+	t.Run("status filter reads only the covering index, in id order", func(t *testing.T) {
 		s, err := openStore(filepath.Join(t.TempDir(), "pets.db"))
 		if err != nil {
 			t.Fatal(err)
@@ -786,7 +796,7 @@ func TestStore(t *testing.T) {
 			plan.WriteString(detail + "\n")
 		}
 		rows.Close()
-		if !strings.Contains(plan.String(), "pets_status_id") || strings.Contains(plan.String(), "TEMP B-TREE") {
+		if !strings.Contains(plan.String(), "COVERING INDEX pets_status_cover") || strings.Contains(plan.String(), "TEMP B-TREE") {
 			t.Errorf("plan does not use the index without a sort:\n%s", plan.String())
 		}
 	})
@@ -1078,7 +1088,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.close()
-	got, err := s.getPet(context.Background(), 1)
+	got, err := storedPet(s, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1265,7 +1275,7 @@ func TestBackupWhileWriting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer copyStore.close()
-	got, err := copyStore.listPets(context.Background(), petFilter{limit: 1 << 30})
+	got, err := storedPets(copyStore)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1751,4 +1761,65 @@ func maxIDNow(mu *sync.Mutex, maxID *int64) int64 {
 	mu.Lock()
 	defer mu.Unlock()
 	return *maxID
+}
+
+// storedPet reads one pet straight from the store.
+func storedPet(s *petStore, id int64) (Pet, error) {
+	var p Pet
+	err := s.getPet(context.Background(), id, func(r *petRow) { p = r.pet() })
+	return p, err
+}
+
+// storedPets reads the whole catalogue straight from the store.
+func storedPets(s *petStore) ([]Pet, error) {
+	var pets []Pet
+	err := s.listPets(context.Background(), petFilter{limit: 1 << 30}, func(r *petRow) { pets = append(pets, r.pet()) })
+	return pets, err
+}
+
+// jsonEncodingJSON is how encoding/json writes a Pet with HTML escaping
+// off: the reference appendPetJSON must match byte for byte.
+func jsonEncodingJSON(t testing.TB, p Pet) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(p); err != nil {
+		t.Fatal(err)
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+}
+
+func checkPetEncoding(t testing.TB, p Pet) {
+	row := petRow{id: p.ID, name: []byte(p.Name), categoryID: p.CategoryID, status: []byte(p.Status)}
+	got, want := appendPetJSON(nil, &row), jsonEncodingJSON(t, p)
+	if !bytes.Equal(got, want) {
+		t.Errorf("appendPetJSON(%+q)\n got %s\nwant %s", p.Name, got, want)
+	}
+}
+
+func TestAppendPetJSONMatchesEncodingJSON(t *testing.T) {
+	var every []byte
+	for c := range 256 {
+		every = append(every, byte(c))
+	}
+	names := []string{"", "Rex", `quote " and backslash \\`, "<b>&amp;</b>", "tab\tnew\nline\rcr\bbs\fff",
+		"\x00\x01\x1f\x7f", "é ü 日本 🐕", "\u2028 and \u2029", "bad \xff\xfe utf-8", "\xe2\x80", "\xed\xa0\x80 surrogate",
+		string(every), strings.Repeat("a", 100)}
+	for _, name := range names {
+		for _, p := range []Pet{
+			{ID: 1, Name: name, CategoryID: 1, Status: "available"},
+			{ID: math.MaxInt64, Name: name, CategoryID: math.MaxInt64, Status: name},
+			{ID: -1, Name: name, CategoryID: 0, Status: ""},
+		} {
+			checkPetEncoding(t, p)
+		}
+	}
+}
+
+func FuzzAppendPetJSON(f *testing.F) {
+	f.Add(int64(1), "Rex", int64(1), "available")
+	f.Add(int64(9007199254740993), "\u2028\xff\\\"<>&", int64(-5), "\x00")
+	f.Fuzz(func(t *testing.T, id int64, name string, categoryID int64, status string) {
+		checkPetEncoding(t, Pet{ID: id, Name: name, CategoryID: categoryID, Status: status})
+	})
 }
