@@ -27,9 +27,12 @@ import (
 //
 //	go test -run '^$' -bench '^BenchmarkLoad$' -benchtime 1x .
 //
-// PETSTORE_BENCH_PETS (default 100000) sets the catalogue size,
+// PETSTORE_BENCH_PETS (default 100000) sets the catalogue size (a
+// comma-separated list runs each size in turn and compares their p99),
 // PETSTORE_BENCH_SECONDS (default 5) the time per operation,
-// PETSTORE_BENCH_CONNS (default 64) the keep-alive clients.
+// PETSTORE_BENCH_CONNS (default 64) the keep-alive clients, and
+// PETSTORE_BENCH_OPS (default all) picks operations by name prefix,
+// comma-separated: list, get, create.
 //
 // It starts the real service (run) on loopback over a temp database
 // preloaded with the pets, and a floor server: the same listener kind,
@@ -37,32 +40,57 @@ import (
 // size. Each operation is driven against both in turn, and the table gives
 // req/s, p50, p99 and the ratio to the floor.
 func BenchmarkLoad(b *testing.B) {
-	pets := benchEnvInt(b, "PETSTORE_BENCH_PETS", 100_000)
+	var sizes []int
+	for _, v := range strings.Split(cmpOr(os.Getenv("PETSTORE_BENCH_PETS"), "100000"), ",") {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("PETSTORE_BENCH_PETS=%q: want positive integers, comma-separated", v)
+		}
+		sizes = append(sizes, n)
+	}
 	seconds := benchEnvInt(b, "PETSTORE_BENCH_SECONDS", 5)
 	conns := benchEnvInt(b, "PETSTORE_BENCH_CONNS", 64)
 	duration := time.Duration(seconds) * time.Second
+	results := make([]map[string]loadResult, len(sizes))
+	for i, pets := range sizes {
+		results[i] = loadAtSize(b, pets, conns, duration)
+	}
+	if len(sizes) < 2 {
+		return
+	}
+	// Scale: p99 of each operation at each size, and the spread between
+	// the largest and smallest.
+	fmt.Printf("\np99 by catalogue size:\n%-32s", "operation")
+	for _, n := range sizes {
+		fmt.Printf(" %12s", strconv.Itoa(n)+" pets")
+	}
+	fmt.Printf(" %8s\n", "spread")
+	for _, op := range loadOps(sizes[0]) {
+		if _, ok := results[0][op.name]; !ok {
+			continue
+		}
+		lo, hi := time.Duration(1<<62), time.Duration(0)
+		fmt.Printf("%-32s", op.name)
+		for i := range sizes {
+			p99 := results[i][op.name].p99
+			lo, hi = min(lo, p99), max(hi, p99)
+			fmt.Printf(" %12v", p99)
+		}
+		fmt.Printf(" %7.0f%%\n", 100*float64(hi-lo)/float64(lo))
+	}
+}
 
-	dir := b.TempDir()
-	db := filepath.Join(dir, "bench.db")
-	preloadPets(b, db, pets)
+// cmpOr returns v, or def when v is empty.
+func cmpOr(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stderr := &syncBuffer{}
-	done := make(chan error, 1)
-	env := map[string]string{"PETSTORE_API_KEYS": testKey}
-	go func() {
-		done <- run(ctx, []string{"petstore", "-addr", "127.0.0.1:0", "-db", db}, func(k string) string { return env[k] }, io.Discard, stderr)
-	}()
-	base := waitListening(b, stderr)
-
-	// Sizes of real answers, so the floor sends as many bytes.
-	list20 := benchGet(b, base+"/v1/pets?limit=20&after=1000")
-	listSold := benchGet(b, base+"/v1/pets?limit=20&status=sold&after=1000")
-	one := benchGet(b, base+"/v1/pets/1000")
-	floor := startFloor(b, list20, listSold, one)
-
-	ops := []loadOp{
+// loadOps are the operations the load drives, over a catalogue of pets.
+func loadOps(pets int) []loadOp {
+	return []loadOp{
 		{name: "list limit=20 (after cursors)", method: "GET", path: listPath("")},
 		{name: "list limit=20&status=sold", method: "GET", path: listPath("sold")},
 		{name: "get by id", method: "GET", path: func(rng *mathrand.Rand, _ *cursor) string {
@@ -72,24 +100,102 @@ func BenchmarkLoad(b *testing.B) {
 			return fmt.Sprintf(`{"name":"bench %d","categoryId":%d,"status":"available"}`, rng.Uint32(), rng.IntN(50)+1)
 		}},
 	}
-	fmt.Printf("\nload: %d pets, %d keep-alive clients, %v per operation and server, GOMAXPROCS=%d\n", pets, conns, duration, runtimeProcs())
+}
+
+// loadAtSize runs the load over a new catalogue of the given size and
+// prints its table.
+func loadAtSize(b *testing.B, pets, conns int, duration time.Duration) map[string]loadResult {
+	dir := b.TempDir()
+	db := filepath.Join(dir, "bench.db")
+	preloadPets(b, db, pets)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stderr := &syncBuffer{}
+	done := make(chan error, 1)
+	env := map[string]string{"PETSTORE_API_KEYS": testKey}
+	started := time.Now()
+	go func() {
+		done <- run(ctx, []string{"petstore", "-addr", "127.0.0.1:0", "-db", db}, func(k string) string { return env[k] }, io.Discard, stderr)
+	}()
+	base := waitListening(b, stderr)
+	benchGet(b, base+"/healthz")
+	startup := time.Since(started)
+	rss := sampleRSS(b)
+
+	// Sizes of real answers, so the floor sends as many bytes.
+	mid := strconv.Itoa(pets / 2)
+	list20 := benchGet(b, base+"/v1/pets?limit=20&after="+mid)
+	listSold := benchGet(b, base+"/v1/pets?limit=20&status=sold&after="+mid)
+	one := benchGet(b, base+"/v1/pets/"+mid)
+	floor := startFloor(b, list20, listSold, one)
+
+	fmt.Printf("\nload: %d pets, %d keep-alive clients, %v per operation and server, GOMAXPROCS=%d\n", pets, conns, duration, runtime.GOMAXPROCS(0))
+	fmt.Printf("start on the existing file to first /healthz 200: %v\n", startup.Round(time.Millisecond))
 	fmt.Printf("%-32s %12s %10s %10s   %12s %10s %10s   %6s\n", "operation", "req/s", "p50", "p99", "floor req/s", "p50", "p99", "ratio")
-	for _, op := range ops {
-		got := drive(b, base, op, conns, duration, pets)
-		fl := drive(b, floor, op, conns, duration, pets)
+	results := map[string]loadResult{}
+	only := os.Getenv("PETSTORE_BENCH_OPS")
+	for _, op := range loadOps(pets) {
+		if only != "" && !slices.ContainsFunc(strings.Split(only, ","), func(p string) bool { return strings.HasPrefix(op.name, p) }) {
+			continue
+		}
+		got, fl := driveAlternating(b, base, floor, op, conns, duration)
 		ratio := got.rps / fl.rps
+		results[op.name] = got
 		fmt.Printf("%-32s %12.0f %10v %10v   %12.0f %10v %10v   %6.2f\n", op.name, got.rps, got.p50, got.p99, fl.rps, fl.p50, fl.p99, ratio)
-		unit := strings.NewReplacer(" ", "_", "=", "", "(", "", ")", "", "&", "_").Replace(op.name)
+		unit := fmt.Sprintf("%dpets_", pets) + strings.NewReplacer(" ", "_", "=", "", "(", "", ")", "", "&", "_").Replace(op.name)
 		b.ReportMetric(got.rps, unit+"_req/s")
 		b.ReportMetric(ratio, unit+"_ratio")
 		if got.errors > 0 || fl.errors > 0 {
 			b.Errorf("%s: %d errors against the service, %d against the floor", op.name, got.errors, fl.errors)
 		}
 	}
+	peak := rss()
+	fmt.Printf("peak RSS of the whole benchmark process (service, floor and load clients) during the load: %.1f MiB\n", float64(peak)/(1<<20))
 	cancel()
 	if err := <-done; err != nil {
 		b.Fatal(err)
 	}
+	return results
+}
+
+// sampleRSS samples this process's resident set every 50 ms until the
+// returned function is called, which returns the highest sample in bytes.
+func sampleRSS(tb testing.TB) func() int64 {
+	stop := make(chan struct{})
+	result := make(chan int64)
+	go func() {
+		var peak int64
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if n := currentRSS(); n > peak {
+				peak = n
+			}
+			select {
+			case <-stop:
+				result <- peak
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() int64 { close(stop); return <-result }
+}
+
+// currentRSS reads VmRSS from /proc/self/status (Linux), in bytes.
+func currentRSS() int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // loadOp is one kind of request the load sends.
@@ -125,9 +231,51 @@ type loadResult struct {
 	errors   int
 }
 
+// loadSample is the raw outcome of driving for a while.
+type loadSample struct {
+	latencies []time.Duration
+	elapsed   time.Duration
+	errors    int
+}
+
+// driveAlternating drives the service and the floor in alternating
+// rounds of a second, so that the machine's drift over the run (this is
+// a shared virtual machine) weighs on both alike, and sums the rounds.
+func driveAlternating(b *testing.B, service, floor string, op loadOp, conns int, d time.Duration) (got, fl loadResult) {
+	b.Helper()
+	rounds := max(1, int(d/time.Second))
+	var s, f loadSample
+	for range rounds {
+		for _, side := range []struct {
+			base string
+			into *loadSample
+		}{{service, &s}, {floor, &f}} {
+			r := drive(b, side.base, op, conns, d/time.Duration(rounds))
+			side.into.latencies = append(side.into.latencies, r.latencies...)
+			side.into.elapsed += r.elapsed
+			side.into.errors += r.errors
+		}
+	}
+	return s.result(b, op), f.result(b, op)
+}
+
+// result summarises a sample.
+func (s loadSample) result(b *testing.B, op loadOp) loadResult {
+	if len(s.latencies) == 0 {
+		b.Fatalf("%s: no request completed", op.name)
+	}
+	slices.Sort(s.latencies)
+	return loadResult{
+		rps:    float64(len(s.latencies)) / s.elapsed.Seconds(),
+		p50:    s.latencies[len(s.latencies)/2].Round(time.Microsecond),
+		p99:    s.latencies[len(s.latencies)*99/100].Round(time.Microsecond),
+		errors: s.errors,
+	}
+}
+
 // drive sends op from conns clients, each on its own keep-alive
 // connection, for d, and measures every request.
-func drive(b *testing.B, base string, op loadOp, conns int, d time.Duration, pets int) loadResult {
+func drive(b *testing.B, base string, op loadOp, conns int, d time.Duration) loadSample {
 	b.Helper()
 	transport := &http.Transport{MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns, DisableCompression: true}
 	defer transport.CloseIdleConnections()
@@ -141,9 +289,9 @@ func drive(b *testing.B, base string, op loadOp, conns int, d time.Duration, pet
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := mathrand.New(mathrand.NewPCG(uint64(c), 42))
+			rng := mathrand.New(mathrand.NewPCG(uint64(c), uint64(start.UnixNano())))
 			cur := &cursor{}
-			lat := make([]time.Duration, 0, 1<<16)
+			lat := make([]time.Duration, 0, 1<<12)
 			for time.Now().Before(stop) {
 				path := "/v1/pets"
 				if op.path != nil {
@@ -182,18 +330,7 @@ func drive(b *testing.B, base string, op loadOp, conns int, d time.Duration, pet
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	all := slices.Concat(latencies...)
-	slices.Sort(all)
-	if len(all) == 0 {
-		b.Fatalf("%s: no request completed", op.name)
-	}
-	return loadResult{
-		rps:    float64(len(all)) / elapsed.Seconds(),
-		p50:    all[len(all)/2].Round(time.Microsecond),
-		p99:    all[len(all)*99/100].Round(time.Microsecond),
-		errors: int(errs.Load()),
-	}
+	return loadSample{latencies: slices.Concat(latencies...), elapsed: time.Since(start), errors: int(errs.Load())}
 }
 
 // startFloor serves the fastest possible answers of the same sizes from
@@ -385,6 +522,3 @@ func (w *benchWriter) reset() {
 	w.status = 0
 	w.body.Reset()
 }
-
-// runtimeProcs is GOMAXPROCS, for the table's heading.
-func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
