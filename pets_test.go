@@ -1823,3 +1823,38 @@ func FuzzAppendPetJSON(f *testing.F) {
 		checkPetEncoding(t, Pet{ID: id, Name: name, CategoryID: categoryID, Status: status})
 	})
 }
+
+// TestReadYourWrites: while others create concurrently (so creates are
+// committed in shared batches), every client that got a 201 sees its pet
+// at once by get and by list.
+func TestReadYourWrites(t *testing.T) {
+	srv, _ := newTestServer(t)
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 15 {
+				body := fmt.Sprintf(`{"name":"ryw %d-%d","categoryId":%d,"status":"sold"}`, w, i, w+1)
+				created := do(t, srv, call{method: "POST", path: "/v1/pets", body: body})
+				if created.status != 201 {
+					t.Errorf("create: %d %s", created.status, created.body)
+					return
+				}
+				got := do(t, srv, call{method: "GET", path: created.header.Get("Location")})
+				if got.status != 200 || !bytes.Equal(got.body, created.body) {
+					t.Errorf("get after 201: %d %s, want %s", got.status, got.body, created.body)
+				}
+				var p Pet
+				json.Unmarshal(created.body, &p)
+				for _, q := range []string{"", "&status=sold"} {
+					list := do(t, srv, call{method: "GET", path: fmt.Sprintf("/v1/pets?limit=1&after=%d%s", p.ID-1, q)})
+					if want := "[" + strings.TrimSpace(string(created.body)) + "]\n"; string(list.body) != want {
+						t.Errorf("list after 201: %s, want %s", list.body, want)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
