@@ -41,7 +41,11 @@ func (k *keyRing) set(digests []keyDigest) {
 // constant time, so the time taken says nothing about which byte differs
 // or which key matched.
 func (k *keyRing) accepts(key string) bool {
-	d := sha256.Sum256([]byte(key))
+	return k.acceptsDigest(sha256.Sum256([]byte(key)))
+}
+
+// acceptsDigest is accepts for a digest already computed.
+func (k *keyRing) acceptsDigest(d keyDigest) bool {
 	match := 0
 	for _, want := range *k.digests.Load() {
 		match |= subtle.ConstantTimeCompare(d[:], want[:])
@@ -196,10 +200,16 @@ func requireAPIKey(keys *keyRing, next http.Handler) http.Handler {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore"`)
 			writeError(w, http.StatusUnauthorized, codeUnauthorized,
 				"malformed Authorization header: expected Authorization: Bearer <key>")
-		case !keys.accepts(token):
-			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore", error="invalid_token"`)
-			writeError(w, http.StatusUnauthorized, codeUnauthorized, "invalid API key")
 		default:
+			d := keyDigest(sha256.Sum256([]byte(token)))
+			// The log may name a key by its digest's first 8 hex digits:
+			// enough to tell keys apart, useless to recover one.
+			requestInfoFrom(r.Context()).keyID = hex.EncodeToString(d[:4])
+			if !keys.acceptsDigest(d) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="petstore", error="invalid_token"`)
+				writeError(w, http.StatusUnauthorized, codeUnauthorized, "invalid API key")
+				return
+			}
 			next.ServeHTTP(w, r)
 		}
 	})

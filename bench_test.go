@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
-	"log/slog"
 	mathrand "math/rand/v2"
 	"net"
 	"net/http"
@@ -484,7 +483,7 @@ func benchHandler(b *testing.B, method, target, body string, auth ...string) {
 	}
 	defer store.close()
 	digests, _ := parseAPIKeys(testKey)
-	h := newHandler(store, newKeyRing(digests), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h := newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger()})
 	authorization := "Bearer " + testKey
 	if len(auth) > 0 {
 		authorization = auth[0]

@@ -41,11 +41,17 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 func writeInternalError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		// The client went away; there is no one to answer and nothing wrong.
-		log.Debug("request cancelled by the client", "method", r.Method, "path", r.URL.Path)
+		log.DebugContext(r.Context(), "request cancelled by the client", "method", r.Method, "path", r.URL.Path)
 		return
 	}
-	log.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err)
-	writeError(w, http.StatusInternalServerError, codeInternalError, "internal error")
+	log.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+	writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(r))
+}
+
+// internalErrorMessage is all a 500 says: that it is our fault, and the
+// request id to quote, which finds the cause in the log.
+func internalErrorMessage(r *http.Request) string {
+	return "internal error (request id " + requestInfoFrom(r.Context()).id + ")"
 }
 
 // notFound answers paths the service does not serve.
@@ -75,8 +81,8 @@ func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
 			if v == http.ErrAbortHandler {
 				panic(v) // net/http's own way to abort a response
 			}
-			log.Error("panic in handler", "method", r.Method, "path", r.URL.Path, "panic", v)
-			writeError(w, http.StatusInternalServerError, codeInternalError, "internal error")
+			log.ErrorContext(r.Context(), "panic in handler", "method", r.Method, "path", r.URL.Path, "panic", v)
+			writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(r))
 		}()
 		next.ServeHTTP(w, r)
 	})

@@ -43,7 +43,9 @@ func fuzzRequest(t *testing.T, srv *httptest.Server, req *http.Request) (r reply
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reply{resp.StatusCode, resp.Header, b}, true
+	r = reply{resp.StatusCode, resp.Header, b}
+	checkAgainstOpenAPI(t, req.Method, req.URL.RequestURI(), r)
+	return r, true
 }
 
 // checkErrorBody asserts that r is the Error body with a code of the

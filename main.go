@@ -12,9 +12,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -59,6 +62,10 @@ type config struct {
 	writeTimeout      time.Duration
 	idleTimeout       time.Duration
 	maxHeaderBytes    int
+	logFormat         string
+	logLevel          slog.Level
+	corsOrigins       []string
+	version           bool
 }
 
 // flagEnv defines flags whose defaults come from environment variables,
@@ -124,6 +131,11 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	f.duration(&c.writeTimeout, "write-timeout", "PETSTORE_WRITE_TIMEOUT", 30*time.Second, "time allowed from the end of the request headers to the end of the response")
 	f.duration(&c.idleTimeout, "idle-timeout", "PETSTORE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive connection is kept")
 	f.int(&c.maxHeaderBytes, "max-header-bytes", "PETSTORE_MAX_HEADER_BYTES", 16<<10, "largest request header block, in bytes")
+	f.string(&c.logFormat, "log-format", "PETSTORE_LOG_FORMAT", "text", "log format: text or json")
+	var level, origins string
+	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log level: debug, info (one line per request), warn or error")
+	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser origins allowed to call the API, comma-separated, exact (https://office.example.com)")
+	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stdout)
@@ -142,7 +154,73 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return c, errors.New("-tls-cert and -tls-key go together: give both or neither")
 	}
+	if c.logFormat != "text" && c.logFormat != "json" {
+		return c, fmt.Errorf("-log-format must be text or json, got %q", c.logFormat)
+	}
+	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return c, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", level)
+	}
+	for _, o := range strings.Split(origins, ",") {
+		if o = strings.TrimSpace(o); o == "" {
+			continue
+		}
+		if u, err := url.Parse(o); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" {
+			return c, fmt.Errorf("-cors-origins: %q is not an origin such as https://office.example.com", o)
+		}
+		c.corsOrigins = append(c.corsOrigins, o)
+	}
 	return c, nil
+}
+
+// newLogger builds the service's logger. Every line logged with a
+// request's context carries that request's id.
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
+	if format == "json" {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	return slog.New(requestIDHandler{h})
+}
+
+// requestIDHandler adds the request id of the context to each record.
+type requestIDHandler struct{ slog.Handler }
+
+func (h requestIDHandler) Handle(ctx context.Context, r slog.Record) error {
+	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
+		r.AddAttrs(slog.String("request_id", info.id))
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h requestIDHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return requestIDHandler{h.Handler.WithAttrs(attrs)}
+}
+
+func (h requestIDHandler) WithGroup(name string) slog.Handler {
+	return requestIDHandler{h.Handler.WithGroup(name)}
+}
+
+// versionLine describes the build, from what the Go toolchain recorded in
+// the binary: the module version and the VCS revision, time and state.
+func versionLine() string {
+	version, revision, when, modified := "unknown", "unknown", "", ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		version = bi.Main.Version
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				revision = s.Value
+			case "vcs.time":
+				when = ", " + s.Value
+			case "vcs.modified":
+				if s.Value == "true" {
+					modified = ", modified"
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("petstore %s (revision %s%s%s)", version, revision, when, modified)
 }
 
 // serve runs the HTTP service until ctx is cancelled.
@@ -154,7 +232,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if cfg.version {
+		fmt.Fprintln(stdout, versionLine())
+		return nil
+	}
+	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
 
 	keySrc := keySource{list: getenv("PETSTORE_API_KEYS"), file: cfg.apiKeysFile}
 	digests, err := keySrc.load()
@@ -199,7 +281,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	defer store.close()
 
 	srv := &http.Server{
-		Handler:           newHandler(store, keys, log),
+		Handler:           newHandler(&server{store: store, keys: keys, log: log, corsOrigins: cfg.corsOrigins}),
 		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,

@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	_ "embed" // openapi.yaml
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	mathrand "math/rand/v2"
 	"mime"
 	"net/http"
 	"net/url"
@@ -59,38 +61,221 @@ var petStatuses = []string{"available", "pending", "sold"}
 
 // server holds what the handlers share.
 type server struct {
-	store *petStore
-	keys  *keyRing
-	log   *slog.Logger
+	store       *petStore
+	keys        *keyRing
+	log         *slog.Logger
+	corsOrigins []string // exact origins allowed to call from a browser
 }
 
-// newHandler builds the service's whole HTTP surface. Every path a client
-// can reach is in this list; anything else is a JSON 404.
-func newHandler(store *petStore, keys *keyRing, log *slog.Logger) http.Handler {
-	s := &server{store: store, keys: keys, log: log}
-	auth := func(h http.Handler) http.Handler { return requireAPIKey(keys, h) }
+// route is one operation the service serves.
+type route struct {
+	method, path string
+	handler      http.HandlerFunc
+	public       bool // served without an API key
+	deprecated   bool // answers carry Deprecation, Sunset and a successor Link
+}
+
+// routes is the whole API, in one list. The OpenAPI document describes
+// exactly these (a test holds the two together).
+func (s *server) routes() []route {
+	return []route{
+		{method: "GET", path: "/healthz", handler: s.health, public: true},
+		{method: "GET", path: "/openapi.yaml", handler: serveOpenAPI, public: true},
+		{method: "GET", path: "/v1/pets", handler: s.listPets},
+		{method: "POST", path: "/v1/pets", handler: s.createPet},
+		{method: "GET", path: "/v1/pets/{petId}", handler: s.getPet, deprecated: true},
+		{method: "GET", path: "/v1/store/orders", handler: listOrders},
+	}
+}
+
+// newHandler builds the service's whole HTTP surface: the routes, a JSON
+// 405 with Allow for every other method on their paths, and a JSON 404
+// for everything else, inside the middleware every answer goes through.
+func newHandler(s *server) http.Handler {
 	mux := http.NewServeMux()
-
-	mux.HandleFunc("GET /healthz", s.health)
-	mux.Handle("GET /v1/pets", auth(http.HandlerFunc(s.listPets)))
-	mux.Handle("POST /v1/pets", auth(http.HandlerFunc(s.createPet)))
-	mux.Handle("GET /v1/pets/{petId}", deprecated(auth(http.HandlerFunc(s.getPet))))
-	mux.Handle("GET /v1/store/orders", auth(http.HandlerFunc(listOrders)))
-
+	wrap := func(r route, h http.Handler) http.Handler {
+		if !r.public {
+			h = requireAPIKey(s.keys, h)
+		}
+		if r.deprecated {
+			h = deprecated(h)
+		}
+		return h
+	}
+	var paths []string
+	methods := map[string][]string{}
+	first := map[string]route{}
+	for _, r := range s.routes() {
+		mux.Handle(r.method+" "+r.path, wrap(r, r.handler))
+		if _, seen := methods[r.path]; !seen {
+			paths = append(paths, r.path)
+			first[r.path] = r
+		}
+		methods[r.path] = append(methods[r.path], r.method)
+	}
 	// Method-less patterns catch the other methods on known paths, so they
-	// get a JSON 405 with Allow rather than the mux's plain-text one.
-	// (A GET pattern also serves HEAD.)
-	mux.Handle("/healthz", methodNotAllowed("GET, HEAD"))
-	mux.Handle("/v1/pets", auth(methodNotAllowed("GET, HEAD, POST")))
-	mux.Handle("/v1/pets/{petId}", deprecated(auth(methodNotAllowed("GET, HEAD"))))
-	mux.Handle("/v1/store/orders", auth(methodNotAllowed("GET, HEAD")))
+	// get a JSON 405 rather than the mux's plain-text one. A GET route
+	// also serves HEAD.
+	for _, p := range paths {
+		allow := methods[p]
+		if slices.Contains(allow, "GET") {
+			allow = append(allow, "HEAD")
+		}
+		slices.Sort(allow)
+		mux.Handle(p, wrap(first[p], methodNotAllowed(strings.Join(allow, ", "))))
+	}
 	// Everything under /v1 needs a key, even a path that does not exist;
 	// "/v1" itself is listed so the mux does not redirect it to "/v1/".
-	mux.Handle("/v1", auth(http.HandlerFunc(notFound)))
-	mux.Handle("/v1/", auth(http.HandlerFunc(notFound)))
+	mux.Handle("/v1", requireAPIKey(s.keys, http.HandlerFunc(notFound)))
+	mux.Handle("/v1/", requireAPIKey(s.keys, http.HandlerFunc(notFound)))
 	mux.HandleFunc("/", notFound)
 
-	return secureHeaders(recoverPanics(log, rejectUncleanPaths(mux)))
+	h := rejectUncleanPaths(mux)
+	h = cors(s.corsOrigins, mux, methods, h)
+	h = recoverPanics(s.log, h)
+	h = logRequests(s.log, h)
+	return secureHeaders(h)
+}
+
+// cors lets a browser back office on one of origins call the API. It
+// answers preflights for the routes (before the key check: browsers send
+// no credentials on a preflight) and marks answers to those origins as
+// readable. Other origins get no CORS headers, so browsers keep their
+// default of refusing.
+func cors(origins []string, mux *http.ServeMux, methods map[string][]string, next http.Handler) http.Handler {
+	if len(origins) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Add("Vary", "Origin")
+		origin := r.Header.Get("Origin")
+		if origin == "" || !slices.Contains(origins, origin) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		h.Set("Access-Control-Allow-Origin", origin)
+		if wanted := r.Header.Get("Access-Control-Request-Method"); r.Method == http.MethodOptions && wanted != "" {
+			// Ask the mux which route the real request would reach.
+			probe := r.Clone(r.Context())
+			probe.Method = wanted
+			if _, pattern := mux.Handler(probe); strings.Contains(pattern, " ") {
+				_, path, _ := strings.Cut(pattern, " ")
+				h.Set("Access-Control-Allow-Methods", strings.Join(methods[path], ", "))
+				h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, Idempotency-Key, X-Request-Id")
+				h.Set("Access-Control-Max-Age", "600")
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+		}
+		h.Set("Access-Control-Expose-Headers", "Link, Location, X-Request-Id, Deprecation, Sunset, Idempotent-Replayed, WWW-Authenticate")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// openapiDocument is openapi.yaml, built into the binary so the running
+// service describes itself.
+//
+//go:embed openapi.yaml
+var openapiDocument []byte
+
+// serveOpenAPI answers GET /openapi.yaml without a key, for documentation
+// platforms and client generators.
+func serveOpenAPI(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h["Content-Type"] = []string{"application/yaml"} // RFC 9512
+	h["Content-Length"] = []string{strconv.Itoa(len(openapiDocument))}
+	w.Write(openapiDocument)
+}
+
+// requestInfo is what the access log learns about a request on its way
+// through: its id, and which key it used.
+type requestInfo struct {
+	id    string
+	keyID string // first 8 hex digits of the key's SHA-256; "" without one
+}
+
+type requestInfoKey struct{}
+
+// requestInfoFrom returns the request's info, or an empty one outside
+// logRequests.
+func requestInfoFrom(ctx context.Context) *requestInfo {
+	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
+		return info
+	}
+	return &requestInfo{}
+}
+
+// maxRequestID is the longest X-Request-Id kept from a client.
+const maxRequestID = 128
+
+// requestIDFrom keeps a client's X-Request-Id when it is of sane length
+// and characters (so it cannot forge log lines or bloat them), and makes a
+// new one otherwise.
+func requestIDFrom(r *http.Request) string {
+	id := r.Header.Get("X-Request-Id")
+	ok := id != "" && len(id) <= maxRequestID
+	for i := 0; ok && i < len(id); i++ {
+		c := id[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-_.:", c) >= 0
+	}
+	if ok {
+		return id
+	}
+	// Unique enough to find a request in the logs; not a secret.
+	return strconv.FormatUint(mathrand.Uint64()|1<<63, 16)
+}
+
+// statusRecorder remembers the status and size of an answer for the
+// access log.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	bytes  int
+}
+
+func (w *statusRecorder) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusRecorder) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += n
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// logRequests gives every request an id (echoed in X-Request-Id and
+// attached to every log line of the request) and writes one access line
+// when it is answered: the path without the query, never the key, only a
+// short digest of it.
+func logRequests(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		info := &requestInfo{id: requestIDFrom(r)}
+		w.Header()["X-Request-Id"] = []string{info.id}
+		ctx := context.WithValue(r.Context(), requestInfoKey{}, info)
+		rec := &statusRecorder{ResponseWriter: w}
+		next.ServeHTTP(rec, r.WithContext(ctx))
+		if !log.Enabled(ctx, slog.LevelInfo) {
+			return
+		}
+		log.LogAttrs(ctx, slog.LevelInfo, "request",
+			slog.String("method", r.Method),
+			slog.String("path", r.URL.Path),
+			slog.Int("status", rec.status),
+			slog.Int("bytes", rec.bytes),
+			slog.Duration("duration", time.Since(start)),
+			slog.String("key_id", info.keyID))
+	})
 }
 
 // secureHeaders marks every answer as not to be cached (it is one
@@ -145,7 +330,7 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.store.ping(ctx); err != nil {
-		s.log.Error("health check failed", "err", err)
+		s.log.ErrorContext(ctx, "health check failed", "err", err)
 		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "database unavailable")
 		return
 	}

@@ -53,7 +53,7 @@ func newTestServer(t testing.TB) (*httptest.Server, *petStore) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(newHandler(store, newKeyRing(digests), slog.New(slog.NewTextHandler(io.Discard, nil))))
+	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger()}))
 	t.Cleanup(srv.Close)
 	return srv, store
 }
@@ -105,7 +105,9 @@ func do(t *testing.T, srv *httptest.Server, c call) reply {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+	r := reply{status: resp.StatusCode, header: resp.Header, body: b}
+	checkAgainstOpenAPI(t, c.method, c.path, r)
+	return r
 }
 
 // decodeJSON decodes b keeping numbers exact, so an int64 above 2^53 is
@@ -647,23 +649,30 @@ func TestHealthUnavailable(t *testing.T) {
 	srv, store := newTestServer(t)
 	store.close()
 	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, nil, errBody(503, codeUnavailable, "database unavailable"))
-	// A store failure on the API is a 500 that says nothing of the cause.
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 500, nil, errBody(500, codeInternalError, "internal error"))
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`}), 500, nil,
-		errBody(500, codeInternalError, "internal error"))
+	// A store failure on the API is a 500 that says nothing of the cause,
+	// only the request id to quote.
+	id := map[string]string{"X-Request-Id": "back-office-42"}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets", header: id}), 500, id,
+		errBody(500, codeInternalError, "internal error (request id back-office-42)"))
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`, header: id}), 500, id,
+		errBody(500, codeInternalError, "internal error (request id back-office-42)"))
 }
 
 func TestPanicIsJSON500(t *testing.T) {
 	var logged bytes.Buffer
-	h := secureHeaders(recoverPanics(slog.New(slog.NewTextHandler(&logged, nil)), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+	log := newLogger(&logged, "text", slog.LevelInfo)
+	h := secureHeaders(logRequests(log, recoverPanics(log, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		panic("boom: secret detail")
-	})))
+	}))))
 	srv := httptest.NewServer(h)
 	defer srv.Close()
-	got := do(t, srv, call{method: "GET", path: "/v1/pets"})
-	checkReply(t, got, 500, nil, errBody(500, codeInternalError, "internal error"))
-	if !strings.Contains(logged.String(), "boom: secret detail") {
-		t.Errorf("panic cause not logged: %s", logged.String())
+	got := do(t, srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"X-Request-Id": "req-7"}})
+	checkReply(t, got, 500, map[string]string{"X-Request-Id": "req-7"}, errBody(500, codeInternalError, "internal error (request id req-7)"))
+	for _, want := range []string{`msg="panic in handler" method=GET path=/v1/pets panic="boom: secret detail" request_id=req-7`,
+		`msg=request method=GET path=/v1/pets status=500 `} {
+		if !strings.Contains(logged.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logged.String())
+		}
 	}
 }
 
@@ -831,12 +840,27 @@ func startRun(t *testing.T, args []string, env map[string]string) (baseURL strin
 	go func() {
 		done <- run(ctx, append([]string{"petstore"}, args...), func(k string) string { return env[k] }, io.Discard, stderr)
 	}()
-	addrRE := regexp.MustCompile(`msg=listening addr=(https?://\S+)`)
+	// The "listening" line in text or JSON format; at a level above info
+	// there is none, and the caller names a fixed address in args.
+	addrRE := regexp.MustCompile(`msg=listening addr=(https?://\S+)|"msg":"listening","addr":"(https?://[^"]+)"`)
+	fixed := ""
+	for i, a := range args {
+		if a == "-addr" && i+1 < len(args) && !strings.HasSuffix(args[i+1], ":0") {
+			fixed = "http://" + args[i+1]
+		}
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if m := addrRE.FindStringSubmatch(stderr.String()); m != nil {
-			baseURL = m[1]
+			baseURL = m[1] + m[2]
 			break
+		}
+		if fixed != "" {
+			if resp, err := http.Get(fixed + "/healthz"); err == nil {
+				resp.Body.Close()
+				baseURL = fixed
+				break
+			}
 		}
 		select {
 		case err := <-done:
@@ -889,7 +913,9 @@ func send(t *testing.T, method, url, key, body string) reply {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return reply{resp.StatusCode, resp.Header, b}
+	got := reply{resp.StatusCode, resp.Header, b}
+	checkAgainstOpenAPI(t, method, req.URL.RequestURI(), got)
+	return got
 }
 
 // TestRun drives the real program: start, create, list, stop, and the data
@@ -959,6 +985,12 @@ func TestRunFailures(t *testing.T) {
 		{"bad key list", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "a b"},
 			"PETSTORE_API_KEYS: API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
 		{"stray argument", []string{"serve"}, env, `unexpected argument "serve" (commands: backup, keygen)`},
+		{"bad log format", []string{"-log-format", "xml"}, env, `-log-format must be text or json, got "xml"`},
+		{"bad log level", []string{"-log-level", "loud"}, env, `-log-level must be debug, info, warn or error, got "loud"`},
+		{"CORS origin without scheme", []string{"-cors-origins", "office.example.com"}, env, `-cors-origins: "office.example.com" is not an origin such as https://office.example.com`},
+		{"CORS origin with a path", []string{"-cors-origins", "https://a.example, https://b.example/app"}, env, `-cors-origins: "https://b.example/app" is not an origin such as https://office.example.com`},
+		{"bad duration in the environment", nil, map[string]string{"PETSTORE_READ_TIMEOUT": "soon"}, `PETSTORE_READ_TIMEOUT: "soon" is not a positive duration such as 5s`},
+		{"bad number in the environment", nil, map[string]string{"PETSTORE_MAX_HEADER_BYTES": "-1"}, `PETSTORE_MAX_HEADER_BYTES: "-1" is not a positive integer`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1857,4 +1889,180 @@ func TestReadYourWrites(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+func TestAccessLog(t *testing.T) {
+	env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")}
+	base, stderr, stop := startRun(t, []string{"-addr", "127.0.0.1:0", "-log-format", "json"}, env)
+
+	req, _ := http.NewRequest("GET", base+"/v1/pets?limit=5&status=sold", nil)
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	req.Header.Set("X-Request-Id", "back-office-42")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Request-Id"); got != "back-office-42" {
+		t.Errorf("X-Request-Id = %q, want the client's back-office-42", got)
+	}
+	// An id with unsafe characters or too long is replaced.
+	generated := map[string]bool{}
+	for _, bad := range []string{"two words", strings.Repeat("x", 129), "quote\"d"} {
+		req, _ := http.NewRequest("GET", base+"/v1/pets", nil)
+		req.Header.Set("Authorization", "Bearer wrong-key")
+		req.Header.Set("X-Request-Id", bad)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		id := resp.Header.Get("X-Request-Id")
+		if !regexp.MustCompile(`^[0-9a-f]{16}$`).MatchString(id) || generated[id] {
+			t.Errorf("X-Request-Id for %q = %q, want a new generated id", bad, id)
+		}
+		generated[id] = true
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	type accessLine struct {
+		Level, Msg, Method, Path, RequestID, KeyID string
+		Status, Bytes                              int
+		Duration                                   int64
+	}
+	var lines []accessLine
+	for _, l := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q", l)
+		}
+		if m["msg"] != "request" {
+			continue
+		}
+		lines = append(lines, accessLine{Level: m["level"].(string), Msg: "request", Method: m["method"].(string), Path: m["path"].(string),
+			RequestID: m["request_id"].(string), KeyID: m["key_id"].(string), Status: int(m["status"].(float64)), Bytes: int(m["bytes"].(float64)),
+			Duration: int64(m["duration"].(float64))})
+	}
+	if len(lines) != 4 {
+		t.Fatalf("%d access lines, want 4:\n%s", len(lines), stderr.String())
+	}
+	first := lines[0]
+	if first.Duration <= 0 || first.Bytes != 3 {
+		t.Errorf("first line duration %d, bytes %d; want > 0 and 3 ([]\\n)", first.Duration, first.Bytes)
+	}
+	first.Duration, first.Bytes = 0, 0
+	want := accessLine{Level: "INFO", Msg: "request", Method: "GET", Path: "/v1/pets", RequestID: "back-office-42", KeyID: hexDigest(testKey)[:8], Status: 200}
+	if diff := cmp.Diff(want, first); diff != "" {
+		t.Errorf("access line (-want +got):\n%s", diff)
+	}
+	for _, l := range lines[1:] {
+		if l.Status != 401 || l.KeyID != hexDigest("wrong-key")[:8] || !generated[l.RequestID] {
+			t.Errorf("access line for a wrong key: %+v", l)
+		}
+	}
+	if strings.Contains(stderr.String(), testKey) || strings.Contains(stderr.String(), "wrong-key") || strings.Contains(stderr.String(), "status=sold") {
+		t.Errorf("log shows a key or the query:\n%s", stderr.String())
+	}
+}
+
+func TestLogLevelAndFormat(t *testing.T) {
+	for _, tt := range []struct {
+		args       []string
+		wantAccess string // a substring of the access line, or "" for none
+	}{
+		{nil, `level=INFO msg=request method=GET path=/healthz status=200 bytes=16 duration=`},
+		{[]string{"-log-level", "warn", "-addr", freeAddr(t)}, ""},
+		{[]string{"-log-format", "json", "-log-level", "DEBUG"}, `"msg":"request","method":"GET","path":"/healthz","status":200,"bytes":16,"duration":`},
+	} {
+		env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")}
+		base, stderr, stop := startRun(t, append([]string{"-addr", "127.0.0.1:0"}, tt.args...), env)
+		send(t, "GET", base+"/healthz", "", "")
+		stop()
+		if got := strings.Contains(stderr.String(), `msg=request`) || strings.Contains(stderr.String(), `"msg":"request"`); got != (tt.wantAccess != "") || !strings.Contains(stderr.String(), tt.wantAccess) {
+			t.Errorf("%v: log\n%s\nwant access line %q", tt.args, stderr.String(), tt.wantAccess)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"petstore", "-version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^petstore \S+ \(revision [0-9a-f]+|unknown(, \S+)?(, modified)?\)\n$`).MatchString(out.String()) {
+		t.Errorf("-version printed %q", out.String())
+	}
+}
+
+func TestCORS(t *testing.T) {
+	store, err := openStore(filepath.Join(t.TempDir(), "pets.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	digests, _ := parseAPIKeys(testKey)
+	const office = "https://office.example.com"
+	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger(), corsOrigins: []string{office}}))
+	defer srv.Close()
+	plain, _ := newTestServer(t)
+
+	preflight := func(origin, method, path string) map[string]string {
+		return map[string]string{"Origin": origin, "Access-Control-Request-Method": method,
+			"Access-Control-Request-Headers": "authorization,content-type", "Authorization": ""}
+	}
+	const expose = "Link, Location, X-Request-Id, Deprecation, Sunset, Idempotent-Replayed, WWW-Authenticate"
+	tests := []struct {
+		name   string
+		srv    *httptest.Server
+		c      call
+		status int
+		want   map[string]string
+	}{
+		{"preflight for createPet", srv, call{method: "OPTIONS", path: "/v1/pets", header: preflight(office, "POST", "/v1/pets")}, 204,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Allow-Methods": "GET, POST", "Vary": "Origin",
+				"Access-Control-Allow-Headers": "Authorization, Content-Type, Idempotency-Key, X-Request-Id", "Access-Control-Max-Age": "600"}},
+		{"preflight for listPets", srv, call{method: "OPTIONS", path: "/v1/pets?limit=5", header: preflight(office, "GET", "")}, 204,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Allow-Methods": "GET, POST"}},
+		{"preflight for getPet", srv, call{method: "OPTIONS", path: "/v1/pets/7", header: preflight(office, "GET", "")}, 204,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Allow-Methods": "GET"}},
+		{"preflight for a method not served", srv, call{method: "OPTIONS", path: "/v1/pets/7", header: preflight(office, "DELETE", "")}, 401,
+			map[string]string{"Access-Control-Allow-Methods": ""}},
+		{"preflight from another origin", srv, call{method: "OPTIONS", path: "/v1/pets", header: preflight("https://evil.example", "POST", "")}, 401,
+			map[string]string{"Access-Control-Allow-Origin": "", "Vary": "Origin"}},
+		{"request from the origin", srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Origin": office}}, 200,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Expose-Headers": expose}},
+		{"error to the origin is readable", srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Origin": office, "Authorization": ""}}, 401,
+			map[string]string{"Access-Control-Allow-Origin": office}},
+		{"request from another origin", srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Origin": "https://evil.example"}}, 200,
+			map[string]string{"Access-Control-Allow-Origin": ""}},
+		{"CORS off by default", plain, call{method: "OPTIONS", path: "/v1/pets", header: preflight(office, "POST", "")}, 401,
+			map[string]string{"Access-Control-Allow-Origin": "", "Access-Control-Allow-Methods": ""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := do(t, tt.srv, tt.c)
+			if got.status != tt.status {
+				t.Errorf("status %d, want %d: %s", got.status, tt.status, got.body)
+			}
+			for k, v := range tt.want {
+				if g := strings.Join(got.header.Values(k), ", "); g != v {
+					t.Errorf("%s = %q, want %q", k, g, v)
+				}
+			}
+		})
+	}
+}
+
+// freeAddr returns a loopback address with a port that was free a moment
+// ago, for a service whose log will not say where it listens.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
