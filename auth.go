@@ -204,7 +204,9 @@ func requireAPIKey(keys *keyRing, next http.Handler) http.Handler {
 			d := keyDigest(sha256.Sum256([]byte(token)))
 			// The log may name a key by its digest's first 8 hex digits:
 			// enough to tell keys apart, useless to recover one.
-			requestInfoFrom(r.Context()).keyID = hex.EncodeToString(d[:4])
+			info := requestInfoFrom(r.Context())
+			copy(info.keyID[:], d[:4])
+			info.hasKey = true
 			if !keys.acceptsDigest(d) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="petstore", error="invalid_token"`)
 				writeError(w, http.StatusUnauthorized, codeUnauthorized, "invalid API key")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	_ "embed" // openapi.yaml
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -191,8 +192,17 @@ func serveOpenAPI(w http.ResponseWriter, r *http.Request) {
 // requestInfo is what the access log learns about a request on its way
 // through: its id, and which key it used.
 type requestInfo struct {
-	id    string
-	keyID string // first 8 hex digits of the key's SHA-256; "" without one
+	id     string
+	keyID  [4]byte // the first 4 bytes of the key's SHA-256
+	hasKey bool    // a key was sent
+}
+
+// keyIDString is the key id as the log shows it: 8 hex digits, or "".
+func (info *requestInfo) keyIDString() string {
+	if !info.hasKey {
+		return ""
+	}
+	return hex.EncodeToString(info.keyID[:])
 }
 
 type requestInfoKey struct{}
@@ -227,11 +237,12 @@ func requestIDFrom(r *http.Request) string {
 }
 
 // statusRecorder remembers the status and size of an answer for the
-// access log.
+// access log, and carries the request's info (one allocation for both).
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
 	bytes  int
+	info   requestInfo
 }
 
 func (w *statusRecorder) WriteHeader(status int) {
@@ -260,10 +271,10 @@ func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		info := &requestInfo{id: requestIDFrom(r)}
+		rec := &statusRecorder{ResponseWriter: w, info: requestInfo{id: requestIDFrom(r)}}
+		info := &rec.info
 		w.Header()["X-Request-Id"] = []string{info.id}
 		ctx := context.WithValue(r.Context(), requestInfoKey{}, info)
-		rec := &statusRecorder{ResponseWriter: w}
 		next.ServeHTTP(rec, r.WithContext(ctx))
 		if !log.Enabled(ctx, slog.LevelInfo) {
 			return
@@ -274,7 +285,7 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 			slog.Int("status", rec.status),
 			slog.Int("bytes", rec.bytes),
 			slog.Duration("duration", time.Since(start)),
-			slog.String("key_id", info.keyID))
+			slog.String("key_id", info.keyIDString()))
 	})
 }
 
@@ -315,11 +326,12 @@ func rejectUncleanPaths(next http.Handler) http.Handler {
 // deprecated marks every answer of getPet as deprecated (RFC 9745), with
 // its removal date (RFC 8594) and the operation that replaces it.
 func deprecated(next http.Handler) http.Handler {
+	deprecation, sunset, link := []string{getPetDeprecation}, []string{getPetSunset}, []string{getPetSuccessor}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
-		h.Set("Deprecation", getPetDeprecation)
-		h.Set("Sunset", getPetSunset)
-		h.Set("Link", getPetSuccessor)
+		h["Deprecation"] = deprecation
+		h["Sunset"] = sunset
+		h["Link"] = link
 		next.ServeHTTP(w, r)
 	})
 }
