@@ -36,15 +36,10 @@ func (k *keyRing) set(digests []keyDigest) {
 	k.digests.Store(&digests)
 }
 
-// accepts reports whether key is one of the ring's keys. It compares the
-// key's digest with every digest, without stopping at a match, in
+// acceptsDigest reports whether d is the digest of one of the ring's
+// keys. It compares d with every digest, without stopping at a match, in
 // constant time, so the time taken says nothing about which byte differs
 // or which key matched.
-func (k *keyRing) accepts(key string) bool {
-	return k.acceptsDigest(sha256.Sum256([]byte(key)))
-}
-
-// acceptsDigest is accepts for a digest already computed.
 func (k *keyRing) acceptsDigest(d keyDigest) bool {
 	match := 0
 	for _, want := range *k.digests.Load() {

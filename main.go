@@ -85,27 +85,39 @@ func (f *flagEnv) string(p *string, name, env, def, usage string) {
 }
 
 func (f *flagEnv) duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	if v := f.getenv(env); v != "" {
+	f.fs.DurationVar(p, name, envDefault(f, env, def, "a positive duration such as 5s", func(v string) (time.Duration, error) {
 		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			f.err = errors.Join(f.err, fmt.Errorf("%s: %q is not a positive duration such as 5s", env, v))
-		} else {
-			def = d
+		if err == nil && d <= 0 {
+			err = errors.New("not positive")
 		}
-	}
-	f.fs.DurationVar(p, name, def, usage+" (env "+env+")")
+		return d, err
+	}), usage+" (env "+env+")")
 }
 
 func (f *flagEnv) int(p *int, name, env string, def int, usage string) {
-	if v := f.getenv(env); v != "" {
+	f.fs.IntVar(p, name, envDefault(f, env, def, "a positive integer", func(v string) (int, error) {
 		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			f.err = errors.Join(f.err, fmt.Errorf("%s: %q is not a positive integer", env, v))
-		} else {
-			def = n
+		if err == nil && n <= 0 {
+			err = errors.New("not positive")
 		}
+		return n, err
+	}), usage+" (env "+env+")")
+}
+
+// envDefault is the default of a flag: the environment variable env parsed,
+// or def when it is unset; a variable that does not parse is remembered
+// as an error, described as what it should be.
+func envDefault[T any](f *flagEnv, env string, def T, want string, parse func(string) (T, error)) T {
+	v := f.getenv(env)
+	if v == "" {
+		return def
 	}
-	f.fs.IntVar(p, name, def, usage+" (env "+env+")")
+	parsed, err := parse(v)
+	if err != nil {
+		f.err = errors.Join(f.err, fmt.Errorf("%s: %q is not %s", env, v, want))
+		return def
+	}
+	return parsed
 }
 
 // newFlagSet returns a FlagSet that does not print: main prints the one
