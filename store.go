@@ -404,8 +404,9 @@ func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
 // in the same batch, cannot both insert; the unique index would refuse the
 // second anyway.
 func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool, error) {
-	fp := c.fingerprint()
+	var fp []byte // the request's fingerprint; only kept with a key
 	if c.idempotencyKey != "" {
+		fp = c.fingerprint()
 		var p Pet
 		var storedFP []byte
 		err := w.findKey.QueryRowContext(ctx, c.idempotencyKey).
