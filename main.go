@@ -199,7 +199,7 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 type requestIDHandler struct{ slog.Handler }
 
 func (h requestIDHandler) Handle(ctx context.Context, r slog.Record) error {
-	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
+	if info, ok := lookupRequestInfo(ctx); ok {
 		r.AddAttrs(slog.String("request_id", info.id))
 	}
 	return h.Handler.Handle(ctx, r)

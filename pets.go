@@ -118,7 +118,9 @@ func newHandler(s *server) http.Handler {
 	// get a JSON 405 rather than the mux's plain-text one. A GET route
 	// also serves HEAD.
 	for _, p := range paths {
-		allow := methods[p]
+		// A copy: methods[p] also feeds the CORS preflight, and must not be
+		// extended or reordered here.
+		allow := slices.Clone(methods[p])
 		if slices.Contains(allow, "GET") {
 			allow = append(allow, "HEAD")
 		}
@@ -207,10 +209,17 @@ func (info *requestInfo) keyIDString() string {
 
 type requestInfoKey struct{}
 
+// lookupRequestInfo returns the request's info; ok is false outside
+// logRequests.
+func lookupRequestInfo(ctx context.Context) (info *requestInfo, ok bool) {
+	info, ok = ctx.Value(requestInfoKey{}).(*requestInfo)
+	return info, ok
+}
+
 // requestInfoFrom returns the request's info, or an empty one outside
 // logRequests.
 func requestInfoFrom(ctx context.Context) *requestInfo {
-	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
+	if info, ok := lookupRequestInfo(ctx); ok {
 		return info
 	}
 	return &requestInfo{}
