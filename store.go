@@ -315,9 +315,8 @@ func (s *petStore) writeLoop(w *batchWriter) {
 // batchWriter runs the group commits on the one writer connection, with
 // its statements prepared once.
 type batchWriter struct {
-	conn             *sql.Conn
-	findKey, insert  *sql.Stmt
-	begin, commitSQL string
+	conn            *sql.Conn
+	findKey, insert *sql.Stmt
 }
 
 func newBatchWriter(db *sql.DB) (*batchWriter, error) {
@@ -326,7 +325,7 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &batchWriter{conn: conn, begin: "BEGIN IMMEDIATE", commitSQL: "COMMIT"}
+	w := &batchWriter{conn: conn}
 	if w.findKey, err = conn.PrepareContext(ctx,
 		"SELECT id, name, category_id, status, request_fingerprint FROM pets WHERE idempotency_key = ?"); err != nil {
 		conn.Close()
@@ -385,14 +384,14 @@ func (w *batchWriter) commit(batch []*writeRequest) {
 
 // inTx runs fn in an immediate transaction on the writer connection.
 func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
-	if _, err := w.conn.ExecContext(ctx, w.begin); err != nil {
+	if _, err := w.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		return err
 	}
 	if err := fn(); err != nil {
 		w.conn.ExecContext(ctx, "ROLLBACK")
 		return err
 	}
-	if _, err := w.conn.ExecContext(ctx, w.commitSQL); err != nil {
+	if _, err := w.conn.ExecContext(ctx, "COMMIT"); err != nil {
 		w.conn.ExecContext(ctx, "ROLLBACK")
 		return err
 	}
@@ -404,9 +403,10 @@ func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
 // in the same batch, cannot both insert; the unique index would refuse the
 // second anyway.
 func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool, error) {
-	var fp []byte // the request's fingerprint; only kept with a key
+	var key, keyFP any // NULL without an idempotency key
 	if c.idempotencyKey != "" {
-		fp = c.fingerprint()
+		fp := c.fingerprint()
+		key, keyFP = c.idempotencyKey, fp
 		var p Pet
 		var storedFP []byte
 		err := w.findKey.QueryRowContext(ctx, c.idempotencyKey).
@@ -419,10 +419,6 @@ func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool
 		case !errors.Is(err, sql.ErrNoRows):
 			return Pet{}, false, err
 		}
-	}
-	var key, keyFP any // NULL without an idempotency key
-	if c.idempotencyKey != "" {
-		key, keyFP = c.idempotencyKey, fp
 	}
 	res, err := w.insert.ExecContext(ctx, c.pet.Name, c.pet.CategoryID, c.pet.Status, key, keyFP)
 	if err != nil {
