@@ -45,7 +45,13 @@ const testKey = "test-key-4f1d2c"
 // database file in a temp dir.
 func newTestServer(t testing.TB) (*httptest.Server, *petStore) {
 	t.Helper()
-	store, err := openStore(filepath.Join(t.TempDir(), "pets.db"))
+	return newTestServerAt(t, filepath.Join(t.TempDir(), "pets.db"))
+}
+
+// newTestServerAt is newTestServer over the database file at path.
+func newTestServerAt(t testing.TB, path string) (*httptest.Server, *petStore) {
+	t.Helper()
+	store, err := openStore(path)
 	if err != nil {
 		t.Fatalf("openStore: %v", err)
 	}
@@ -1246,8 +1252,8 @@ func TestKeysFileReloadOnSIGHUP(t *testing.T) {
 }
 
 func TestBackupWhileWriting(t *testing.T) {
-	srv, store := newTestServer(t)
-	dbPath := store.path
+	dbPath := filepath.Join(t.TempDir(), "pets.db")
+	srv, store := newTestServerAt(t, dbPath)
 	// Writers keep creating pets while the backup runs.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

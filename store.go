@@ -63,7 +63,6 @@ var migrations = []string{
 // fighting over the file lock ("database is locked"); reads use a pool of
 // read-only connections that WAL lets run beside the writer.
 type petStore struct {
-	path    string
 	writer  *sql.DB
 	readers *sql.DB
 
@@ -146,7 +145,7 @@ func openStore(path string) (*petStore, error) {
 	readers.SetMaxOpenConns(n)
 	readers.SetMaxIdleConns(n)
 
-	s := &petStore{path: path, writer: writer, readers: readers,
+	s := &petStore{writer: writer, readers: readers,
 		writes: make(chan *writeRequest, maxBatch), loopDone: make(chan struct{})}
 	fail := func(err error) (*petStore, error) {
 		readers.Close()
