@@ -182,8 +182,10 @@ func bearerToken(r *http.Request) (token string, ok, malformed bool) {
 
 // requireAPIKey lets a request through to next only with a valid bearer
 // key, and answers 401 with a WWW-Authenticate challenge (RFC 6750)
-// otherwise. Neither the key nor the header is ever logged or echoed.
-func requireAPIKey(keys *keyRing, next http.Handler) http.Handler {
+// otherwise. Neither the key nor the header is ever logged or echoed:
+// sawKey is given only the digest of a well-formed key, valid or not, so
+// the caller can tell keys apart in its log.
+func requireAPIKey(keys *keyRing, sawKey func(*http.Request, keyDigest), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, present, malformed := bearerToken(r)
 		switch {
@@ -197,11 +199,7 @@ func requireAPIKey(keys *keyRing, next http.Handler) http.Handler {
 				"malformed Authorization header: expected Authorization: Bearer <key>")
 		default:
 			d := keyDigest(sha256.Sum256([]byte(token)))
-			// The log may name a key by its digest's first 8 hex digits:
-			// enough to tell keys apart, useless to recover one.
-			info := requestInfoFrom(r.Context())
-			copy(info.keyID[:], d[:4])
-			info.hasKey = true
+			sawKey(r, d)
 			if !keys.acceptsDigest(d) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="petstore", error="invalid_token"`)
 				writeError(w, http.StatusUnauthorized, codeUnauthorized, "invalid API key")

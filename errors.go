@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 )
 
 // The closed vocabulary of the Error body's code field. README.md lists
@@ -45,45 +48,46 @@ func writeInternalError(w http.ResponseWriter, r *http.Request, log *slog.Logger
 		return
 	}
 	log.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "err", err)
-	writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(r))
+	writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(w))
 }
 
 // internalErrorMessage is all a 500 says: that it is our fault, and the
-// request id to quote, which finds the cause in the log.
-func internalErrorMessage(r *http.Request) string {
-	return "internal error (request id " + requestInfoFrom(r.Context()).id + ")"
+// request id to quote, which finds the cause in the log. The id is the
+// X-Request-Id the answer already carries, so the message and the header
+// cannot disagree.
+func internalErrorMessage(w http.ResponseWriter) string {
+	return "internal error (request id " + w.Header().Get("X-Request-Id") + ")"
 }
 
-// notFound answers paths the service does not serve.
-func notFound(w http.ResponseWriter, r *http.Request) {
-	writeError(w, http.StatusNotFound, codeNotFound, "no such resource: "+r.URL.Path)
-}
-
-// methodNotAllowed answers a known path asked with a method it does not
-// serve, listing the ones it does.
-func methodNotAllowed(allow string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", allow)
-		writeError(w, http.StatusMethodNotAllowed, codeMethodNotAllowed,
-			"method "+r.Method+" is not allowed on "+r.URL.Path+"; allowed: "+allow)
+// writeJSON answers with v as JSON, for the answers off the hot paths
+// (errors, health). HTML escaping is off, as in appendJSONString: the body
+// is application/json with nosniff, never HTML, and "<" should read as "<".
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		// Only a type the service never encodes could fail; keep the
+		// contract of a JSON error body all the same.
+		status = http.StatusInternalServerError
+		buf.Reset()
+		buf.WriteString(`{"code":"internal_error","message":"internal error","status":500}` + "\n")
 	}
+	writeBody(w, status, buf.Bytes())
 }
 
-// recoverPanics turns a panic in a handler into a logged 500 with the
-// Error body, instead of net/http's dropped connection.
-func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			v := recover()
-			if v == nil {
-				return
-			}
-			if v == http.ErrAbortHandler {
-				panic(v) // net/http's own way to abort a response
-			}
-			log.ErrorContext(r.Context(), "panic in handler", "method", r.Method, "path", r.URL.Path, "panic", v)
-			writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(r))
-		}()
-		next.ServeHTTP(w, r)
-	})
+// Header values shared by every answer; net/http only reads them.
+var (
+	contentTypeJSON = []string{"application/json"}
+	noStore         = []string{"no-store"}
+	noSniff         = []string{"nosniff"}
+)
+
+// writeBody answers with a JSON body already encoded.
+func writeBody(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h["Content-Type"] = contentTypeJSON
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	w.WriteHeader(status)
+	w.Write(body)
 }

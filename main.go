@@ -195,24 +195,6 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	return slog.New(requestIDHandler{h})
 }
 
-// requestIDHandler adds the request id of the context to each record.
-type requestIDHandler struct{ slog.Handler }
-
-func (h requestIDHandler) Handle(ctx context.Context, r slog.Record) error {
-	if info, ok := lookupRequestInfo(ctx); ok {
-		r.AddAttrs(slog.String("request_id", info.id))
-	}
-	return h.Handler.Handle(ctx, r)
-}
-
-func (h requestIDHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return requestIDHandler{h.Handler.WithAttrs(attrs)}
-}
-
-func (h requestIDHandler) WithGroup(name string) slog.Handler {
-	return requestIDHandler{h.Handler.WithGroup(name)}
-}
-
 // versionLine describes the build, from what the Go toolchain recorded in
 // the binary: the module version and the VCS revision, time and state.
 func versionLine() string {

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"mime"
 	"net/http"
 	"regexp"
@@ -479,7 +477,3 @@ func TestOpenAPICatchesMismatch(t *testing.T) {
 		}
 	}
 }
-
-// quietLogger is the service's logger, at its default level, writing to
-// nowhere: for tests that do not read the log.
-func quietLogger() *slog.Logger { return newLogger(io.Discard, "text", slog.LevelInfo) }

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestAuth(t *testing.T) {
+	srv, _ := newTestServer(t)
+	const missing = "missing API key: send the header Authorization: Bearer <key>"
+	const malformed = "malformed Authorization header: expected Authorization: Bearer <key>"
+	challenge := `Bearer realm="petstore"`
+	invalid := `Bearer realm="petstore", error="invalid_token"`
+	tests := []struct {
+		name      string
+		auth      string
+		status    int
+		challenge string
+		want      string
+	}{
+		{"valid", "Bearer " + testKey, 200, "", `[]`},
+		{"scheme in lower case", "bearer " + testKey, 200, "", `[]`},
+		{"scheme in capitals", "BEARER " + testKey, 200, "", `[]`},
+		{"missing", "", 401, challenge, errBody(401, codeUnauthorized, missing)},
+		{"wrong key", "Bearer not-the-key", 401, invalid, errBody(401, codeUnauthorized, "invalid API key")},
+		{"key with a suffix", "Bearer " + testKey + "x", 401, invalid, errBody(401, codeUnauthorized, "invalid API key")},
+		{"key prefix", "Bearer " + testKey[:5], 401, invalid, errBody(401, codeUnauthorized, "invalid API key")},
+		{"basic scheme", "Basic dXNlcjpwYXNz", 401, challenge, errBody(401, codeUnauthorized, malformed)},
+		{"bare key", testKey, 401, challenge, errBody(401, codeUnauthorized, malformed)},
+		{"scheme without key", "Bearer", 401, challenge, errBody(401, codeUnauthorized, malformed)},
+		{"scheme and space", "Bearer ", 401, challenge, errBody(401, codeUnauthorized, malformed)},
+		{"two tokens", "Bearer " + testKey + " extra", 401, challenge, errBody(401, codeUnauthorized, malformed)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := do(t, srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": tt.auth}})
+			checkReply(t, got, tt.status, map[string]string{"WWW-Authenticate": tt.challenge}, tt.want)
+			if bytes.Contains(got.body, []byte(testKey)) {
+				t.Errorf("body echoes the key: %s", got.body)
+			}
+		})
+	}
+
+	t.Run("two Authorization headers", func(t *testing.T) {
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/pets", nil)
+		req.Header.Add("Authorization", "Bearer "+testKey)
+		req.Header.Add("Authorization", "Bearer "+testKey)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		checkReply(t, reply{resp.StatusCode, resp.Header, b}, 401, map[string]string{"WWW-Authenticate": challenge}, errBody(401, codeUnauthorized, malformed))
+	})
+
+	// Every /v1 path needs the key, including ones that do not exist and
+	// methods that are not allowed.
+	for _, c := range []call{
+		{method: "GET", path: "/v1/pets"},
+		{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`},
+		{method: "GET", path: "/v1/pets/1"},
+		{method: "GET", path: "/v1/store/orders"},
+		{method: "DELETE", path: "/v1/pets"},
+		{method: "GET", path: "/v1/nothing"},
+		{method: "GET", path: "/v1"},
+	} {
+		t.Run("no key "+c.method+" "+c.path, func(t *testing.T) {
+			c.header = map[string]string{"Authorization": ""}
+			got := do(t, srv, c)
+			checkReply(t, got, 401, map[string]string{"WWW-Authenticate": challenge}, errBody(401, codeUnauthorized, missing))
+		})
+	}
+	// Nothing was created without a key.
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil, `[]`)
+}
+
+func TestParseAPIKeys(t *testing.T) {
+	tests := []struct {
+		list    string
+		want    []string
+		wantErr string
+	}{
+		{"", nil, ""},
+		{" , ,", nil, ""},
+		{"one", []string{"one"}, ""},
+		{" one , two ,, three ", []string{"one", "two", "three"}, ""},
+		{"good, bad key", nil, "API key number 2 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
+		{"ключ", nil, "API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
+	}
+	for _, tt := range tests {
+		got, err := parseAPIKeys(tt.list)
+		if tt.wantErr != "" {
+			if err == nil || err.Error() != tt.wantErr {
+				t.Errorf("parseAPIKeys(%q) error = %v, want %q", tt.list, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("parseAPIKeys(%q): %v", tt.list, err)
+			continue
+		}
+		ring := newKeyRing(got)
+		for _, k := range tt.want {
+			if !ring.acceptsDigest(sha256Sum(k)) {
+				t.Errorf("parseAPIKeys(%q) does not accept %q", tt.list, k)
+			}
+		}
+		if len(got) != len(tt.want) {
+			t.Errorf("parseAPIKeys(%q) has %d keys, want %d", tt.list, len(got), len(tt.want))
+		}
+		if ring.acceptsDigest(sha256Sum("")) || ring.acceptsDigest(sha256Sum(" one")) {
+			t.Errorf("parseAPIKeys(%q) accepts a key it should not", tt.list)
+		}
+	}
+}
+
+func TestKeysFile(t *testing.T) {
+	digestOf := func(k string) keyDigest { return sha256Sum(k) }
+	tests := []struct {
+		name    string
+		file    string
+		want    []keyDigest
+		wantErr string
+	}{
+		{"plain and hashed keys with comments", "# back office\nplain-key\n\n  sha256:" + hexDigest("hashed-key") + "  # scripts\n#old-key\n",
+			[]keyDigest{digestOf("plain-key"), digestOf("hashed-key")}, ""},
+		{"empty file", "", nil, ""},
+		{"only comments", "# nothing yet\n", nil, ""},
+		{"CRLF line ends", "a-key\r\nb-key\r\n", []keyDigest{digestOf("a-key"), digestOf("b-key")}, ""},
+		{"two words", "good-key\nsecret-one secret-two\n", nil, "line 2: more than one word; write one key a line, comments after #"},
+		{"short digest", "sha256:abcd\n", nil, "line 1: sha256: must be followed by the 64 hex digits of the key's SHA-256 digest"},
+		{"digest not hex", "sha256:" + strings.Repeat("z", 64) + "\n", nil, "line 1: sha256: must be followed by the 64 hex digits of the key's SHA-256 digest"},
+		{"non-ASCII key", "ключ\n", nil, "line 1: a key must be printable ASCII without spaces"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseKeysFile([]byte(tt.file))
+			gotErr := ""
+			if err != nil {
+				gotErr = err.Error()
+			}
+			if gotErr != tt.wantErr {
+				t.Fatalf("error = %q, want %q", gotErr, tt.wantErr)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("digests (-want +got):\n%s", diff)
+			}
+			if strings.Contains(gotErr, "secret") {
+				t.Errorf("error shows a key: %s", gotErr)
+			}
+		})
+	}
+}
+
+func TestKeygen(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"petstore", "keygen"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`^key: ([A-Za-z0-9_-]{43})\nkeys-file line: sha256:([0-9a-f]{64})\n$`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("keygen output %q", out.String())
+	}
+	if m[2] != hexDigest(m[1]) {
+		t.Errorf("line's digest %s is not the key's %s", m[2], hexDigest(m[1]))
+	}
+}
+
+func TestKeysFileReloadOnSIGHUP(t *testing.T) {
+	dir := t.TempDir()
+	keysFile := filepath.Join(dir, "keys")
+	write := func(content string) {
+		if err := os.WriteFile(keysFile, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("old-key\nsha256:" + hexDigest("new-key") + "\n")
+	env := map[string]string{"PETSTORE_API_KEYS_FILE": keysFile, "PETSTORE_DB": filepath.Join(dir, "pets.db")}
+	base, stderr, _ := startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
+	hup := func() {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ok := func(key string) { checkReply(t, send(t, "GET", base+"/v1/pets", key, ""), 200, nil, `[]`) }
+	refused := func(key string) {
+		checkReply(t, send(t, "GET", base+"/v1/pets", key, ""), 401, nil, errBody(401, codeUnauthorized, "invalid API key"))
+	}
+	ok("old-key")
+	ok("new-key")
+
+	// Revoke old-key without a restart.
+	write("# old-key revoked\nsha256:" + hexDigest("new-key") + "\n")
+	hup()
+	waitForLog(t, stderr, `API keys reloaded" keys=1`, 1)
+	refused("old-key")
+	ok("new-key")
+
+	// A broken file changes nothing and says why.
+	write("new-key\nsha256:broken\n")
+	hup()
+	waitForLog(t, stderr, `API keys not reloaded; the previous keys stay in force" err="API keys file \S+ line 2: sha256: must be followed`, 1)
+	ok("new-key")
+	refused("old-key")
+	if strings.Contains(stderr.String(), "old-key") || strings.Contains(stderr.String(), "new-key") {
+		t.Errorf("log shows a key:\n%s", stderr.String())
+	}
+}

@@ -1,0 +1,312 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// testKey is the API key every test server accepts.
+const testKey = "test-key-4f1d2c"
+
+// newTestServer starts the real handler on a real listener over a fresh
+// database file in a temp dir.
+func newTestServer(t testing.TB) (*httptest.Server, *petStore) {
+	t.Helper()
+	return newTestServerAt(t, filepath.Join(t.TempDir(), "pets.db"))
+}
+
+// newTestServerAt is newTestServer over the database file at path.
+func newTestServerAt(t testing.TB, path string) (*httptest.Server, *petStore) {
+	t.Helper()
+	store, err := openStore(path)
+	if err != nil {
+		t.Fatalf("openStore: %v", err)
+	}
+	t.Cleanup(func() { store.close() })
+	digests, err := parseAPIKeys(testKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger()}))
+	t.Cleanup(srv.Close)
+	return srv, store
+}
+
+// call is one request a test sends. Unless header says otherwise it
+// carries the test key.
+type call struct {
+	method string
+	path   string
+	body   string
+	header map[string]string
+}
+
+// reply is what came back.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// do sends c to srv.
+func do(t *testing.T, srv *httptest.Server, c call) reply {
+	t.Helper()
+	var body io.Reader
+	if c.body != "" {
+		body = strings.NewReader(c.body)
+	}
+	req, err := http.NewRequest(c.method, srv.URL+c.path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	if c.method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range c.header {
+		if v == "" {
+			req.Header.Del(k)
+		} else {
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", c.method, c.path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reply{status: resp.StatusCode, header: resp.Header, body: b}
+	checkAgainstOpenAPI(t, c.method, c.path, r)
+	return r
+}
+
+// decodeJSON decodes b keeping numbers exact, so an int64 above 2^53 is
+// compared digit for digit.
+func decodeJSON(t *testing.T, b []byte) any {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("body is not JSON: %v: %q", err, b)
+	}
+	return v
+}
+
+// checkReply compares a reply with the expected status, the listed
+// headers and the body, given as JSON text.
+func checkReply(t *testing.T, got reply, status int, header map[string]string, body string) {
+	t.Helper()
+	if got.status != status {
+		t.Errorf("status = %d, want %d; body %s", got.status, status, got.body)
+	}
+	for k, want := range map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"} {
+		if g := got.header.Get(k); g != want {
+			t.Errorf("header %s = %q, want %q", k, g, want)
+		}
+	}
+	for k, want := range header {
+		if g := strings.Join(got.header.Values(k), ", "); g != want {
+			t.Errorf("header %s = %q, want %q", k, g, want)
+		}
+	}
+	if diff := cmp.Diff(decodeJSON(t, []byte(body)), decodeJSON(t, got.body)); diff != "" {
+		t.Errorf("body mismatch (-want +got):\n%s", diff)
+	}
+}
+
+// errBody is the Error body as JSON text.
+func errBody(status int, code, message string) string {
+	b, _ := json.Marshal(apiError{Code: code, Message: message, Status: status})
+	return string(b)
+}
+
+// createPets stores pets through the API and returns their bodies.
+func createPets(t *testing.T, srv *httptest.Server, bodies ...string) {
+	t.Helper()
+	for _, b := range bodies {
+		if r := do(t, srv, call{method: "POST", path: "/v1/pets", body: b}); r.status != http.StatusCreated {
+			t.Fatalf("create %s: status %d: %s", b, r.status, r.body)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for run's logger and the test to
+// share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startRun runs the whole program in-process and returns its base URL
+// once it listens, and a function that stops it and returns run's error.
+func startRun(t *testing.T, args []string, env map[string]string) (baseURL string, stderr *syncBuffer, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stderr = &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"petstore"}, args...), func(k string) string { return env[k] }, io.Discard, stderr)
+	}()
+	// The "listening" line in text or JSON format; at a level above info
+	// there is none, and the caller names a fixed address in args.
+	addrRE := regexp.MustCompile(`msg=listening addr=(https?://\S+)|"msg":"listening","addr":"(https?://[^"]+)"`)
+	fixed := ""
+	for i, a := range args {
+		if a == "-addr" && i+1 < len(args) && !strings.HasSuffix(args[i+1], ":0") {
+			fixed = "http://" + args[i+1]
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if m := addrRE.FindStringSubmatch(stderr.String()); m != nil {
+			baseURL = m[1] + m[2]
+			break
+		}
+		if fixed != "" {
+			if resp, err := http.Get(fixed + "/healthz"); err == nil {
+				resp.Body.Close()
+				baseURL = fixed
+				break
+			}
+		}
+		select {
+		case err := <-done:
+			cancel()
+			t.Fatalf("run exited before listening: %v\n%s", err, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("run did not start listening:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopped := false
+	stop = func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(15 * time.Second):
+			t.Fatal("run did not return after cancel")
+			return nil
+		}
+	}
+	t.Cleanup(func() { stop() })
+	return baseURL, stderr, stop
+}
+
+// send makes one request to a running service.
+func send(t *testing.T, method, url, key, body string) reply {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, url, r)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	got := reply{resp.StatusCode, resp.Header, b}
+	checkAgainstOpenAPI(t, method, req.URL.RequestURI(), got)
+	return got
+}
+
+// sha256Sum and hexDigest compute a key's digest independently of the code
+// under test's helpers.
+func sha256Sum(k string) keyDigest { return keyDigest(sha256.Sum256([]byte(k))) }
+
+func hexDigest(k string) string { d := sha256Sum(k); return hex.EncodeToString(d[:]) }
+
+// waitForLog waits until the service's log has grown a line matching re
+// beyond the first skip matches.
+func waitForLog(t *testing.T, log *syncBuffer, re string, count int) {
+	t.Helper()
+	pattern := regexp.MustCompile(re)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(pattern.FindAllString(log.String(), -1)) < count {
+		if time.Now().After(deadline) {
+			t.Fatalf("log never had %d lines matching %q:\n%s", count, re, log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// freeAddr returns a loopback address with a port that was free a moment
+// ago, for a service whose log will not say where it listens.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// walkCatalogue lists every pet by following next links from the first
+// page, as a client would, fetching each page with get.
+func walkCatalogue(t *testing.T, get func(path string) reply) []Pet {
+	t.Helper()
+	var all []Pet
+	for next := "/v1/pets?limit=100"; next != ""; {
+		got := get(next)
+		var pets []Pet
+		if got.status != 200 || json.Unmarshal(got.body, &pets) != nil {
+			t.Fatalf("GET %s: %d %s", next, got.status, got.body)
+		}
+		all = append(all, pets...)
+		next = strings.TrimSuffix(strings.TrimPrefix(got.header.Get("Link"), "<"), `>; rel="next"`)
+	}
+	return all
+}
+
+// quietLogger is the service's logger, at its default level, writing to
+// nowhere: for tests that do not read the log.
+func quietLogger() *slog.Logger { return newLogger(io.Discard, "text", slog.LevelInfo) }

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// readmeExample is a curl command of README.md and the output written
+// under it as "# " lines.
+type readmeExample struct {
+	line int
+	cmd  string
+	want []string
+}
+
+// readmeCurlExamples finds the curl commands in README.md's sh blocks.
+func readmeCurlExamples(readme string) []readmeExample {
+	var examples []readmeExample
+	lines := strings.Split(readme, "\n")
+	inSh := false
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		switch {
+		case strings.HasPrefix(l, "```sh"):
+			inSh = true
+			continue
+		case strings.HasPrefix(l, "```"):
+			inSh = false
+			continue
+		}
+		if !inSh || !strings.HasPrefix(l, "curl ") {
+			continue
+		}
+		ex := readmeExample{line: i + 1, cmd: l}
+		for strings.HasSuffix(ex.cmd, `\`) && i+1 < len(lines) {
+			i++
+			ex.cmd = strings.TrimSuffix(ex.cmd, `\`) + " " + strings.TrimSpace(lines[i])
+		}
+		for i+1 < len(lines) && strings.HasPrefix(lines[i+1], "# ") {
+			i++
+			ex.want = append(ex.want, strings.TrimPrefix(lines[i], "# "))
+		}
+		examples = append(examples, ex)
+	}
+	return examples
+}
+
+// TestREADMEExamples runs every curl example of README.md, in order, as
+// one session against a real server, and checks each against the output
+// the README shows: the status line, the headers shown, and the JSON body
+// exactly. A README that drifts from the service fails here.
+func TestREADMEExamples(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatalf("the README examples need curl: %v", err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	examples := readmeCurlExamples(string(readme))
+	if len(examples) < 15 {
+		t.Fatalf("found %d curl examples in README.md; the reader is broken", len(examples))
+	}
+	env := map[string]string{"PETSTORE_API_KEYS": "s3cret-key", "PETSTORE_CORS_ORIGINS": "https://office.example.com",
+		"PETSTORE_DB": filepath.Join(t.TempDir(), "readme.db")}
+	base, _, _ := startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
+	for _, ex := range examples {
+		where := fmt.Sprintf("README.md:%d: %s", ex.line, ex.cmd)
+		if len(ex.want) == 0 {
+			t.Errorf("%s: no output documented under the example", where)
+			continue
+		}
+		cmd := strings.ReplaceAll(ex.cmd, "http://127.0.0.1:8080", base)
+		out, err := exec.Command("bash", "-c", "set -o pipefail; "+cmd).Output()
+		if err != nil {
+			t.Errorf("%s: %v", where, err)
+			continue
+		}
+		got := strings.ReplaceAll(string(out), "\r\n", "\n")
+		want := ex.want
+		if strings.HasPrefix(want[0], "HTTP/") {
+			head, body, _ := strings.Cut(got, "\n\n")
+			headLines := strings.Split(head, "\n")
+			if headLines[0] != want[0] {
+				t.Errorf("%s: status line %q, README says %q", where, headLines[0], want[0])
+			}
+			header := http.Header{}
+			for _, h := range headLines[1:] {
+				name, value, _ := strings.Cut(h, ": ")
+				header.Add(name, value)
+			}
+			for _, w := range want[1:] {
+				if strings.HasPrefix(w, "{") || strings.HasPrefix(w, "[") {
+					checkSameJSON(t, where, w, body)
+					continue
+				}
+				name, value, _ := strings.Cut(w, ": ")
+				if !slices.Contains(header.Values(name), value) {
+					t.Errorf("%s: header %s is %q, README says %q", where, name, header.Values(name), value)
+				}
+			}
+			continue
+		}
+		if strings.HasPrefix(want[0], "{") || strings.HasPrefix(want[0], "[") {
+			checkSameJSON(t, where, strings.Join(want, "\n"), got)
+			continue
+		}
+		if strings.TrimRight(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("%s: printed %q, README says %q", where, got, strings.Join(want, "\n"))
+		}
+	}
+}
+
+// checkSameJSON compares two JSON texts as values, numbers exact.
+func checkSameJSON(t *testing.T, where, want, got string) {
+	t.Helper()
+	decode := func(s string) any {
+		dec := json.NewDecoder(strings.NewReader(s))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			t.Errorf("%s: not JSON: %v: %q", where, err, s)
+		}
+		return v
+	}
+	if diff := cmp.Diff(decode(want), decode(got)); diff != "" {
+		t.Errorf("%s: body differs from the README (-README +service):\n%s", where, diff)
+	}
+}
+
+// TestREADMEConfigurationTable: every flag of the service, and the
+// variable it defaults from, has its row in the README's table.
+func TestREADMEConfigurationTable(t *testing.T) {
+	var usage bytes.Buffer
+	if err := run(context.Background(), []string{"petstore", "-h"}, func(string) string { return "" }, &usage, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := regexp.MustCompile("(?m)^\\| `-[a-z-]+` \\|.*$").FindAllString(string(readme), -1)
+	flags := regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(usage.String(), -1)
+	if len(flags) < 10 {
+		t.Fatalf("found %d flags in the usage; the reader is broken:\n%s", len(flags), usage.String())
+	}
+	for _, f := range flags {
+		name := f[1]
+		i := slices.IndexFunc(rows, func(r string) bool { return strings.HasPrefix(r, "| `-"+name+"` |") })
+		if i < 0 {
+			t.Errorf("README's configuration table has no row for -%s", name)
+			continue
+		}
+		// The flag's variable, as the usage names it, is in the same row.
+		entry := regexp.MustCompile(`(?ms)^  -` + name + `\b.*?(\n  -|\z)`).FindString(usage.String())
+		if m := regexp.MustCompile(`\(env (PETSTORE_[A-Z_]+)\)`).FindStringSubmatch(entry); m != nil && !strings.Contains(rows[i], "`"+m[1]+"`") {
+			t.Errorf("README's row for -%s does not name %s: %s", name, m[1], rows[i])
+		}
+	}
+	if len(rows) != len(flags) {
+		t.Errorf("README's table has %d flag rows, the service %d flags", len(rows), len(flags))
+	}
+}

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestRouting(t *testing.T) {
+	srv, _ := newTestServer(t)
+	deprecation := map[string]string{"Deprecation": "@1795305600", "Sunset": "Thu, 05 Dec 2030 00:00:00 GMT"}
+	tests := []struct {
+		name   string
+		c      call
+		status int
+		header map[string]string
+		want   string
+	}{
+		{"unknown path", call{method: "GET", path: "/nothing"}, 404, nil, errBody(404, codeNotFound, "no such resource: /nothing")},
+		{"root", call{method: "GET", path: "/"}, 404, nil, errBody(404, codeNotFound, "no such resource: /")},
+		{"unknown /v1 path", call{method: "GET", path: "/v1/animals"}, 404, nil, errBody(404, codeNotFound, "no such resource: /v1/animals")},
+		{"/v1 itself, not redirected", call{method: "GET", path: "/v1"}, 404, nil, errBody(404, codeNotFound, "no such resource: /v1")},
+		{"trailing slash", call{method: "GET", path: "/v1/pets/"}, 404, nil, errBody(404, codeNotFound, "no such resource: /v1/pets/")},
+		{"double slash, not redirected", call{method: "GET", path: "/v1//pets"}, 404, nil, errBody(404, codeNotFound, "no such resource: /v1//pets")},
+		{"dot segment, not redirected", call{method: "GET", path: "/v1/./pets"}, 404, nil, errBody(404, codeNotFound, "no such resource: /v1/./pets")},
+		{"unversioned path", call{method: "GET", path: "/pets"}, 404, nil, errBody(404, codeNotFound, "no such resource: /pets")},
+		{"DELETE /v1/pets", call{method: "DELETE", path: "/v1/pets"}, 405, map[string]string{"Allow": "GET, HEAD, POST"},
+			errBody(405, codeMethodNotAllowed, "method DELETE is not allowed on /v1/pets; allowed: GET, HEAD, POST")},
+		{"PUT /v1/pets/1", call{method: "PUT", path: "/v1/pets/1", body: `{}`}, 405, map[string]string{"Allow": "GET, HEAD", "Deprecation": deprecation["Deprecation"], "Sunset": deprecation["Sunset"]},
+			errBody(405, codeMethodNotAllowed, "method PUT is not allowed on /v1/pets/1; allowed: GET, HEAD")},
+		{"POST /v1/pets/1", call{method: "POST", path: "/v1/pets/1", body: `{}`}, 405, map[string]string{"Allow": "GET, HEAD"},
+			errBody(405, codeMethodNotAllowed, "method POST is not allowed on /v1/pets/1; allowed: GET, HEAD")},
+		{"POST /healthz", call{method: "POST", path: "/healthz", body: `{}`}, 405, map[string]string{"Allow": "GET, HEAD"},
+			errBody(405, codeMethodNotAllowed, "method POST is not allowed on /healthz; allowed: GET, HEAD")},
+		{"DELETE /v1/store/orders", call{method: "DELETE", path: "/v1/store/orders"}, 405, map[string]string{"Allow": "GET, HEAD"},
+			errBody(405, codeMethodNotAllowed, "method DELETE is not allowed on /v1/store/orders; allowed: GET, HEAD")},
+		{"orders are not implemented", call{method: "GET", path: "/v1/store/orders"}, 501, nil,
+			errBody(501, codeNotImplemented, "GET /v1/store/orders is named by the specification but not specified, so it is not implemented")},
+		{"health needs no key", call{method: "GET", path: "/healthz", header: map[string]string{"Authorization": ""}}, 200, nil, `{"status":"ok"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			checkReply(t, do(t, srv, tt.c), tt.status, tt.header, tt.want)
+		})
+	}
+
+	t.Run("HEAD is GET without a body", func(t *testing.T) {
+		got := do(t, srv, call{method: "HEAD", path: "/v1/pets"})
+		if got.status != 200 || len(got.body) != 0 || got.header.Get("Content-Type") != "application/json" {
+			t.Errorf("HEAD /v1/pets = %d %q %q", got.status, got.header.Get("Content-Type"), got.body)
+		}
+	})
+}
+
+func TestHealthUnavailable(t *testing.T) {
+	srv, store := newTestServer(t)
+	store.close()
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, nil, errBody(503, codeUnavailable, "database unavailable"))
+	// A store failure on the API is a 500 that says nothing of the cause,
+	// only the request id to quote.
+	id := map[string]string{"X-Request-Id": "back-office-42"}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets", header: id}), 500, id,
+		errBody(500, codeInternalError, "internal error (request id back-office-42)"))
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`, header: id}), 500, id,
+		errBody(500, codeInternalError, "internal error (request id back-office-42)"))
+}
+
+func TestPanicIsJSON500(t *testing.T) {
+	var logged bytes.Buffer
+	log := newLogger(&logged, "text", slog.LevelInfo)
+	h := secureHeaders(logRequests(log, recoverPanics(log, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic("boom: secret detail")
+	}))))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	got := do(t, srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"X-Request-Id": "req-7"}})
+	checkReply(t, got, 500, map[string]string{"X-Request-Id": "req-7"}, errBody(500, codeInternalError, "internal error (request id req-7)"))
+	for _, want := range []string{`msg="panic in handler" method=GET path=/v1/pets panic="boom: secret detail" request_id=req-7`,
+		`msg=request method=GET path=/v1/pets status=500 `} {
+		if !strings.Contains(logged.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logged.String())
+		}
+	}
+}
+
+func TestAccessLog(t *testing.T) {
+	env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")}
+	base, stderr, stop := startRun(t, []string{"-addr", "127.0.0.1:0", "-log-format", "json"}, env)
+
+	req, _ := http.NewRequest("GET", base+"/v1/pets?limit=5&status=sold", nil)
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	req.Header.Set("X-Request-Id", "back-office-42")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Request-Id"); got != "back-office-42" {
+		t.Errorf("X-Request-Id = %q, want the client's back-office-42", got)
+	}
+	// An id with unsafe characters or too long is replaced.
+	generated := map[string]bool{}
+	for _, bad := range []string{"two words", strings.Repeat("x", 129), "quote\"d"} {
+		req, _ := http.NewRequest("GET", base+"/v1/pets", nil)
+		req.Header.Set("Authorization", "Bearer wrong-key")
+		req.Header.Set("X-Request-Id", bad)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		id := resp.Header.Get("X-Request-Id")
+		if !regexp.MustCompile(`^[0-9a-f]{16}$`).MatchString(id) || generated[id] {
+			t.Errorf("X-Request-Id for %q = %q, want a new generated id", bad, id)
+		}
+		generated[id] = true
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	type accessLine struct {
+		Level, Msg, Method, Path, RequestID, KeyID string
+		Status, Bytes                              int
+		Duration                                   int64
+	}
+	var lines []accessLine
+	for _, l := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q", l)
+		}
+		if m["msg"] != "request" {
+			continue
+		}
+		lines = append(lines, accessLine{Level: m["level"].(string), Msg: "request", Method: m["method"].(string), Path: m["path"].(string),
+			RequestID: m["request_id"].(string), KeyID: m["key_id"].(string), Status: int(m["status"].(float64)), Bytes: int(m["bytes"].(float64)),
+			Duration: int64(m["duration"].(float64))})
+	}
+	if len(lines) != 4 {
+		t.Fatalf("%d access lines, want 4:\n%s", len(lines), stderr.String())
+	}
+	first := lines[0]
+	if first.Duration <= 0 || first.Bytes != 3 {
+		t.Errorf("first line duration %d, bytes %d; want > 0 and 3 ([]\\n)", first.Duration, first.Bytes)
+	}
+	first.Duration, first.Bytes = 0, 0
+	want := accessLine{Level: "INFO", Msg: "request", Method: "GET", Path: "/v1/pets", RequestID: "back-office-42", KeyID: hexDigest(testKey)[:8], Status: 200}
+	if diff := cmp.Diff(want, first); diff != "" {
+		t.Errorf("access line (-want +got):\n%s", diff)
+	}
+	for _, l := range lines[1:] {
+		if l.Status != 401 || l.KeyID != hexDigest("wrong-key")[:8] || !generated[l.RequestID] {
+			t.Errorf("access line for a wrong key: %+v", l)
+		}
+	}
+	if strings.Contains(stderr.String(), testKey) || strings.Contains(stderr.String(), "wrong-key") || strings.Contains(stderr.String(), "status=sold") {
+		t.Errorf("log shows a key or the query:\n%s", stderr.String())
+	}
+}
+
+func TestLogLevelAndFormat(t *testing.T) {
+	for _, tt := range []struct {
+		args       []string
+		wantAccess string // a substring of the access line, or "" for none
+	}{
+		{nil, `level=INFO msg=request method=GET path=/healthz status=200 bytes=16 duration=`},
+		{[]string{"-log-level", "warn", "-addr", freeAddr(t)}, ""},
+		{[]string{"-log-format", "json", "-log-level", "DEBUG"}, `"msg":"request","method":"GET","path":"/healthz","status":200,"bytes":16,"duration":`},
+	} {
+		env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")}
+		base, stderr, stop := startRun(t, append([]string{"-addr", "127.0.0.1:0"}, tt.args...), env)
+		send(t, "GET", base+"/healthz", "", "")
+		stop()
+		if got := strings.Contains(stderr.String(), `msg=request`) || strings.Contains(stderr.String(), `"msg":"request"`); got != (tt.wantAccess != "") || !strings.Contains(stderr.String(), tt.wantAccess) {
+			t.Errorf("%v: log\n%s\nwant access line %q", tt.args, stderr.String(), tt.wantAccess)
+		}
+	}
+}
+
+func TestCORS(t *testing.T) {
+	store, err := openStore(filepath.Join(t.TempDir(), "pets.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	digests, _ := parseAPIKeys(testKey)
+	const office = "https://office.example.com"
+	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger(), corsOrigins: []string{office}}))
+	defer srv.Close()
+	plain, _ := newTestServer(t)
+
+	preflight := func(origin, method, path string) map[string]string {
+		return map[string]string{"Origin": origin, "Access-Control-Request-Method": method,
+			"Access-Control-Request-Headers": "authorization,content-type", "Authorization": ""}
+	}
+	const expose = "Link, Location, X-Request-Id, Deprecation, Sunset, Idempotent-Replayed, WWW-Authenticate"
+	tests := []struct {
+		name   string
+		srv    *httptest.Server
+		c      call
+		status int
+		want   map[string]string
+	}{
+		{"preflight for createPet", srv, call{method: "OPTIONS", path: "/v1/pets", header: preflight(office, "POST", "/v1/pets")}, 204,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Allow-Methods": "GET, POST", "Vary": "Origin",
+				"Access-Control-Allow-Headers": "Authorization, Content-Type, Idempotency-Key, X-Request-Id", "Access-Control-Max-Age": "600"}},
+		{"preflight for listPets", srv, call{method: "OPTIONS", path: "/v1/pets?limit=5", header: preflight(office, "GET", "")}, 204,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Allow-Methods": "GET, POST"}},
+		{"preflight for getPet", srv, call{method: "OPTIONS", path: "/v1/pets/7", header: preflight(office, "GET", "")}, 204,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Allow-Methods": "GET"}},
+		{"preflight for a method not served", srv, call{method: "OPTIONS", path: "/v1/pets/7", header: preflight(office, "DELETE", "")}, 401,
+			map[string]string{"Access-Control-Allow-Methods": ""}},
+		{"preflight from another origin", srv, call{method: "OPTIONS", path: "/v1/pets", header: preflight("https://evil.example", "POST", "")}, 401,
+			map[string]string{"Access-Control-Allow-Origin": "", "Vary": "Origin"}},
+		{"request from the origin", srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Origin": office}}, 200,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Expose-Headers": expose}},
+		{"error to the origin is readable", srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Origin": office, "Authorization": ""}}, 401,
+			map[string]string{"Access-Control-Allow-Origin": office}},
+		{"request from another origin", srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Origin": "https://evil.example"}}, 200,
+			map[string]string{"Access-Control-Allow-Origin": ""}},
+		{"CORS off by default", plain, call{method: "OPTIONS", path: "/v1/pets", header: preflight(office, "POST", "")}, 401,
+			map[string]string{"Access-Control-Allow-Origin": "", "Access-Control-Allow-Methods": ""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := do(t, tt.srv, tt.c)
+			if got.status != tt.status {
+				t.Errorf("status %d, want %d: %s", got.status, tt.status, got.body)
+			}
+			for k, v := range tt.want {
+				if g := strings.Join(got.header.Values(k), ", "); g != v {
+					t.Errorf("%s = %q, want %q", k, g, v)
+				}
+			}
+		})
+	}
+}
