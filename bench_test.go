@@ -408,7 +408,7 @@ func startFloor(b *testing.B, list, listSold, one reply) string {
 // preloadPets fills a new database with n pets, in one transaction.
 func preloadPets(tb testing.TB, path string, n int) {
 	tb.Helper()
-	s, err := openStore(path)
+	s, err := openStore(path, storeOptions{})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -512,7 +512,7 @@ func BenchmarkHandlerUnauthorized(b *testing.B) {
 func benchHandler(b *testing.B, method, target, body string, auth ...string) {
 	path := filepath.Join(b.TempDir(), "bench.db")
 	preloadPets(b, path, 10_000)
-	store, err := openStore(path)
+	store, err := openStore(path, storeOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -51,6 +51,21 @@ func writeInternalError(w http.ResponseWriter, r *http.Request, log *slog.Logger
 	writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(w))
 }
 
+// writeStoreError answers a failure of the store. A storage fault, whose
+// cause is outside the service (disk full, read-only, locked, damaged,
+// replaced), is a 503 that names the cause, with Retry-After, and is
+// logged by the store once per fault rather than here per request; any
+// other failure is a 500.
+func writeStoreError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	var fault *storageError
+	if errors.As(err, &fault) {
+		w.Header().Set("Retry-After", fault.kind.retryAfter())
+		writeError(w, http.StatusServiceUnavailable, codeUnavailable, fault.kind.message())
+		return
+	}
+	writeInternalError(w, r, log, err)
+}
+
 // internalErrorMessage is all a 500 says: that it is our fault, and the
 // request id to quote, which finds the cause in the log. The id is the
 // X-Request-Id the answer already carries, so the message and the header

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -34,7 +35,7 @@ func newTestServer(t testing.TB) (*httptest.Server, *petStore) {
 // newTestServerAt is newTestServer over the database file at path.
 func newTestServerAt(t testing.TB, path string) (*httptest.Server, *petStore) {
 	t.Helper()
-	store, err := openStore(path)
+	store, err := openStore(path, storeOptions{})
 	if err != nil {
 		t.Fatalf("openStore: %v", err)
 	}
@@ -310,3 +311,18 @@ func walkCatalogue(t *testing.T, get func(path string) reply) []Pet {
 // quietLogger is the service's logger, at its default level, writing to
 // nowhere: for tests that do not read the log.
 func quietLogger() *slog.Logger { return newLogger(io.Discard, "text", slog.LevelInfo) }
+
+// buildBinary builds the petstore binary into a temp dir, for the tests
+// that run it as an operator would: SIGKILL, a second process, exit codes.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("this test builds the binary and needs the go command: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "petstore")
+	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}

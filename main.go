@@ -268,7 +268,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	defer ln.Close()
 
-	store, err := openStore(cfg.db)
+	store, err := openStore(cfg.db, storeOptions{log: log})
 	if err != nil {
 		return err
 	}

@@ -272,16 +272,8 @@ func startBinary(t *testing.T, bin, db string) (string, *exec.Cmd) {
 // be there, unchanged, the file must pass integrity_check, and retries of
 // the interrupted requests with their Idempotency-Key must not duplicate.
 func TestCrashSafety(t *testing.T) {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the crash test builds the binary and needs the go command: %v", err)
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "petstore")
-	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	db := filepath.Join(dir, "pets.db")
+	bin := buildBinary(t)
+	db := filepath.Join(t.TempDir(), "pets.db")
 	base, proc := startBinary(t, bin, db)
 
 	type request struct{ body, key string }

@@ -90,7 +90,7 @@ func (s *server) listPets(w http.ResponseWriter, r *http.Request) {
 	})
 	*buf = b
 	if err != nil {
-		writeInternalError(w, r, s.log, err)
+		writeStoreError(w, r, s.log, err)
 		return
 	}
 	if n > limit {
@@ -232,7 +232,7 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeInternalError(w, r, s.log, err)
+		writeStoreError(w, r, s.log, err)
 		return
 	}
 	writeBody(w, http.StatusOK, *buf)
@@ -268,7 +268,7 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeInternalError(w, r, s.log, err)
+		writeStoreError(w, r, s.log, err)
 		return
 	}
 	if replayed {

@@ -7,6 +7,7 @@ import (
 	"context"
 	_ "embed" // openapi.yaml
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	mathrand "math/rand/v2"
 	"net/http"
@@ -351,14 +352,18 @@ func methodNotAllowed(allow string) http.HandlerFunc {
 	}
 }
 
-// health answers 200 while the database answers, for load balancers and
-// systemd; it needs no key.
+// health answers 200 only while the service can both read and store a
+// pet, and otherwise 503 naming the failing check, for load balancers,
+// monitors and systemd; it needs no key. The store logs each fault once.
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if err := s.store.ping(ctx); err != nil {
-		s.log.ErrorContext(ctx, "health check failed", "err", err)
-		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "database unavailable")
+	if err := s.store.health(ctx); err != nil {
+		var fault *storageError
+		if !errors.As(err, &fault) {
+			fault = &storageError{kind: faultNotAnswering, err: err}
+		}
+		writeStoreError(w, r, s.log, fault)
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {

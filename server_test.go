@@ -63,7 +63,8 @@ func TestRouting(t *testing.T) {
 func TestHealthUnavailable(t *testing.T) {
 	srv, store := newTestServer(t)
 	store.close()
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, nil, errBody(503, codeUnavailable, "database unavailable"))
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"},
+		errBody(503, codeUnavailable, "database not answering"))
 	// A store failure on the API is a 500 that says nothing of the cause,
 	// only the request id to quote.
 	id := map[string]string{"X-Request-Id": "back-office-42"}
@@ -187,7 +188,7 @@ func TestLogLevelAndFormat(t *testing.T) {
 }
 
 func TestCORS(t *testing.T) {
-	store, err := openStore(filepath.Join(t.TempDir(), "pets.db"))
+	store, err := openStore(filepath.Join(t.TempDir(), "pets.db"), storeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

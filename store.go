@@ -5,15 +5,23 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
-	_ "github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
+	"github.com/mattn/go-sqlite3"
+	// also registers the "sqlite3" driver
 )
 
 var (
@@ -55,7 +63,19 @@ var migrations = []string{
 	// pet; it replaces the (status, id) index, which it contains.
 	`CREATE INDEX pets_status_cover ON pets (status, id, name, category_id);
 	DROP INDEX pets_status_id;`,
+
+	// 3 -> 4: mark the file as petstore's, so a start on another
+	// application's SQLite file is refused instead of adding a table to it.
+	fmt.Sprintf("PRAGMA application_id = %d;", petstoreApplicationID),
 }
+
+// petstoreApplicationID is PRAGMA application_id of petstore's files:
+// "PETS" in ASCII. file(1) and other tools show it too.
+const petstoreApplicationID = 0x50455453
+
+// ownTables are the tables a petstore file holds; a file without the
+// application id that holds any other table is not petstore's.
+var ownTables = []string{"pets", "sqlite_sequence"}
 
 // petStore keeps the catalogue in one SQLite file. Writes go through a
 // single connection owned by one goroutine, which commits concurrent
@@ -63,8 +83,29 @@ var migrations = []string{
 // fighting over the file lock ("database is locked"); reads use a pool of
 // read-only connections that WAL lets run beside the writer.
 type petStore struct {
+	file    *dbFile
 	writer  *sql.DB
 	readers *sql.DB
+	log     *slog.Logger
+	faults  *faultLog
+	opts    storeOptions
+
+	// damage is why the file is known to be corrupt ("" while it is not):
+	// found by the quick_check at start or by a query. It lasts until the
+	// file is restored and the service restarted.
+	damage atomic.Pointer[string]
+	// replaced is set once the path no longer names the opened file; it
+	// lasts until restart.
+	replaced atomic.Pointer[storageError]
+	// commitStart is when the commit in progress began (Unix nanoseconds),
+	// 0 between commits: a commit stuck on a frozen filesystem shows in
+	// /healthz.
+	commitStart atomic.Int64
+	// pinging is set while a health check's read runs.
+	pinging atomic.Bool
+	// probes asks the writer loop for a write that changes nothing, to
+	// learn whether a pet can be stored.
+	probes chan chan error
 
 	// Prepared once; database/sql prepares them again on each pooled
 	// reader connection the first time it runs them there.
@@ -83,6 +124,25 @@ type petStore struct {
 // errClosed is returned for writes after close.
 var errClosed = errors.New("store is closed")
 
+// sqliteDriver is go-sqlite3 with every connection set to keep the -wal
+// and -shm files when it closes (the WAL emptied). SQLite deletes them on
+// a clean close by default, and then a restart on a full disk fails: a
+// new -shm needs 32 KiB. Kept, they let the service start and serve reads
+// with no byte free.
+const sqliteDriver = "sqlite3-petstore"
+
+func init() {
+	sql.Register(sqliteDriver, &sqlite3.SQLiteDriver{
+		ConnectHook: func(c *sqlite3.SQLiteConn) error {
+			return c.SetFileControlInt("main", sqlite3.SQLITE_FCNTL_PERSIST_WAL, 1)
+		},
+	})
+}
+
+// busyTimeoutMillis is how long a connection waits for a lock another
+// process holds before the request gets a 503 "database locked".
+const busyTimeoutMillis = 5000
+
 // sqliteDSN builds a go-sqlite3 DSN. Options are DSN parameters, not a
 // one-off db.Exec("PRAGMA ..."), because the driver applies them to every
 // connection it opens, and database/sql opens connections at will.
@@ -93,7 +153,7 @@ func sqliteDSN(path string, extra ...string) string {
 		"_journal_mode=WAL",
 		// A backup or an operator's sqlite3 shell may hold the lock for a
 		// moment; wait for it instead of failing the request.
-		"_busy_timeout=5000",
+		"_busy_timeout=" + strconv.Itoa(busyTimeoutMillis),
 		// No foreign keys today, but a later schema version may add a
 		// category table; the setting must already be on for every
 		// connection when it does.
@@ -111,31 +171,53 @@ func sqliteDSN(path string, extra ...string) string {
 	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + strings.Join(params, "&")
 }
 
+// storeOptions are the store's settings; the zero value is the default.
+type storeOptions struct {
+	log *slog.Logger // nil: discard
+	// walLimit is the WAL size past which the writer forces a truncating
+	// checkpoint; 0 means defaultWALLimit.
+	walLimit int64
+}
+
+// defaultWALLimit bounds the WAL file on disk (see checkWAL).
+const defaultWALLimit = 64 << 20
+
 // openStore opens (creating if needed) the database file at path and brings
-// its schema up to date.
-func openStore(path string) (*petStore, error) {
-	// Create the file ourselves so it is private to the service's user:
-	// SQLite would create it with the umask's mode. SQLite gives the -wal
-	// and -shm files the same mode as the database file.
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open database: %w", err)
+// its schema up to date. It writes to the file only when a migration is
+// due, so it starts, and serves reads, on a full or read-only disk.
+func openStore(path string, opts storeOptions) (*petStore, error) {
+	if opts.log == nil {
+		opts.log = slog.New(slog.DiscardHandler)
 	}
-	f.Close()
+	if opts.walLimit == 0 {
+		opts.walLimit = defaultWALLimit
+	}
+	file, err := openDBFile(path)
+	if err != nil {
+		return nil, err
+	}
+
+	due, err := inspect(path)
+	if err != nil {
+		file.close()
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
 
 	// _txlock=immediate: a write transaction takes the write lock when it
 	// begins, so it never has to be retried after reading.
-	writer, err := sql.Open("sqlite3", sqliteDSN(path, "_txlock=immediate"))
+	writer, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
 	if err != nil {
+		file.close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
 	writer.SetMaxOpenConns(1)
 	writer.SetConnMaxIdleTime(0)
 	writer.SetConnMaxLifetime(0)
 
-	readers, err := sql.Open("sqlite3", sqliteDSN(path, "_query_only=on"))
+	readers, err := sql.Open(sqliteDriver, sqliteDSN(path, "_query_only=on"))
 	if err != nil {
 		writer.Close()
+		file.close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
 	// More readers than cores: a request waiting for a free connection
@@ -145,15 +227,20 @@ func openStore(path string) (*petStore, error) {
 	readers.SetMaxOpenConns(n)
 	readers.SetMaxIdleConns(n)
 
-	s := &petStore{writer: writer, readers: readers,
-		writes: make(chan *writeRequest, maxBatch), loopDone: make(chan struct{})}
+	s := &petStore{file: file, writer: writer, readers: readers, log: opts.log, opts: opts,
+		faults: &faultLog{log: opts.log, path: path},
+		writes: make(chan *writeRequest, maxBatch), probes: make(chan chan error),
+		loopDone: make(chan struct{})}
 	fail := func(err error) (*petStore, error) {
 		readers.Close()
 		writer.Close()
+		file.close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	if err := s.migrate(); err != nil {
-		return fail(err)
+	if due {
+		if err := s.migrate(); err != nil {
+			return fail(err)
+		}
 	}
 	for _, p := range []struct {
 		stmt **sql.Stmt
@@ -172,7 +259,84 @@ func openStore(path string) (*petStore, error) {
 		return fail(err)
 	}
 	go s.writeLoop(w)
+	go s.quickCheck()
 	return s, nil
+}
+
+// inspect reads whose file this is and whether a migration is due. A
+// SQLite file of another application is refused, so a wrong -db cannot
+// add a table to it. It reads through a read-only connection of its own,
+// without the service's DSN, which would switch a refused file to WAL.
+func inspect(path string) (migrationDue bool, err error) {
+	ctx := context.Background()
+	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
+	if err != nil {
+		return false, err
+	}
+	defer db.Close()
+	var appID, version int64
+	if err := db.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
+		return false, err
+	}
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return false, err
+	}
+	if appID != petstoreApplicationID && appID != 0 {
+		return false, fmt.Errorf("not a petstore database: it belongs to another application (SQLite application_id %#x); use another -db file", appID)
+	}
+	if appID == 0 {
+		rows, err := db.QueryContext(ctx, "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+		if err != nil {
+			return false, err
+		}
+		var foreign []string
+		for rows.Next() {
+			var name string
+			if err := rows.Scan(&name); err != nil {
+				rows.Close()
+				return false, err
+			}
+			if version == 0 || !slices.Contains(ownTables, name) {
+				foreign = append(foreign, name)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return false, err
+		}
+		if len(foreign) > 0 {
+			return false, fmt.Errorf("not a petstore database: it holds tables petstore did not make (%s); use another -db file", strings.Join(foreign, ", "))
+		}
+	}
+	if version > int64(len(migrations)) {
+		return false, fmt.Errorf("schema version %d is newer than this build understands (%d); use a newer petstore", version, len(migrations))
+	}
+	return version < int64(len(migrations)), nil
+}
+
+// quickCheck runs PRAGMA quick_check once, in the background so a large
+// file does not delay the start; damage it finds shows in /healthz.
+func (s *petStore) quickCheck() {
+	var result string
+	err := s.readers.QueryRowContext(context.Background(), "PRAGMA quick_check(1)").Scan(&result)
+	if err != nil {
+		if kind, ok := classifyFault(err); ok && kind == faultDamaged {
+			s.markDamaged(err.Error())
+		}
+		return
+	}
+	if result != "ok" {
+		s.markDamaged("quick_check: " + result)
+	}
+}
+
+// markDamaged records that the file is corrupt, and tells the operator
+// what to do, once.
+func (s *petStore) markDamaged(why string) {
+	if s.damage.CompareAndSwap(nil, &why) {
+		s.log.Error("database file is damaged: stop the service, move the file and its -wal and -shm aside, and restore the latest backup (README: Backups and restore)",
+			"db", s.file.path, "damage", why)
+	}
 }
 
 // migrate applies the migrations the file has not seen yet, all in one
@@ -191,9 +355,6 @@ func (s *petStore) migrate() (err error) {
 	var version int
 	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
 		return err
-	}
-	if version > len(migrations) {
-		return fmt.Errorf("schema version %d is newer than this build understands (%d); use a newer petstore", version, len(migrations))
 	}
 	for i := version; i < len(migrations); i++ {
 		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
@@ -217,15 +378,149 @@ func (s *petStore) close() error {
 		close(s.writes)
 		s.mu.Unlock()
 		<-s.loopDone
+		// The lock's descriptor goes last: closing it releases SQLite's
+		// POSIX locks on the file too.
 		s.closeErr = errors.Join(s.readers.Close(), s.writer.Close())
+		s.file.close()
 	})
 	return s.closeErr
 }
 
-// ping checks that the database answers a query.
+// health returns nil while the store can both read and store a pet, and
+// otherwise the failing check as a storageError. It is cheap enough to
+// poll every second: a stat, a statfs and one read; it writes only when
+// the disk looks full or read-only, or a fault is in force.
+func (s *petStore) health(ctx context.Context) error {
+	if r := s.replaced.Load(); r != nil {
+		return r
+	}
+	if d := s.damage.Load(); d != nil {
+		return &storageError{kind: faultDamaged, err: errors.New(*d)}
+	}
+	if err := s.file.checkStillThere(); err != nil {
+		s.markReplaced(err)
+		return asStorageError(err)
+	}
+	if start := s.commitStart.Load(); start != 0 && time.Since(time.Unix(0, start)) > stuckCommit {
+		return &storageError{kind: faultNotAnswering, err: fmt.Errorf("a commit has been waiting on the storage for %s", time.Since(time.Unix(0, start)).Round(time.Second))}
+	}
+	if err := s.ping(ctx); err != nil {
+		if se := s.readFault(err); se != nil {
+			return se
+		}
+		s.faults.failed(faultNotAnswering, err, 0)
+		return &storageError{kind: faultNotAnswering, err: err}
+	}
+	if fault := s.faults.current(); fault != nil {
+		return fault // the writer loop probes every second until it clears
+	}
+	if s.file.looksUnwritable() {
+		return asStorageError(s.probe(ctx))
+	}
+	return nil
+}
+
+// ping runs one read, and waits for it no longer than ctx allows. On a
+// frozen filesystem a read blocks in the kernel (SQLite writes to the -shm
+// mapping), where no context reaches, so the read runs in a goroutine of
+// its own; while one is stuck, the next ping fails at once instead of
+// stacking up another.
 func (s *petStore) ping(ctx context.Context) error {
-	var one int
-	return s.readers.QueryRowContext(ctx, "SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
+	if !s.pinging.CompareAndSwap(false, true) {
+		return &storageError{kind: faultNotAnswering, err: errors.New("an earlier read has not finished")}
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer s.pinging.Store(false)
+		var one int
+		done <- s.readers.QueryRowContext(context.Background(), "SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return &storageError{kind: faultNotAnswering, err: errors.New("a read did not finish in time")}
+	}
+}
+
+// stuckCommit is how long a commit may wait on the storage before
+// /healthz says the database is not answering.
+const stuckCommit = 5 * time.Second
+
+// probe asks the writer loop for a write that changes nothing, and
+// returns its outcome.
+func (s *petStore) probe(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case s.probes <- done:
+	case <-s.loopDone:
+		return errClosed
+	case <-ctx.Done():
+		return &storageError{kind: faultNotAnswering, err: errors.New("the writer is busy")}
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return &storageError{kind: faultNotAnswering, err: errors.New("a test write did not finish in time")}
+	}
+}
+
+// markReplaced records, once, that the path no longer names the opened
+// file, and tells the operator what to do. It reports whether err was
+// such a replacement.
+func (s *petStore) markReplaced(err error) bool {
+	var se *storageError
+	if !errors.As(err, &se) || se.kind != faultReplaced {
+		return false
+	}
+	if s.replaced.CompareAndSwap(nil, se) {
+		s.log.Error("the database file was deleted or replaced under the running service: creates are refused from now on; "+
+			"restart the service to open the file now at the path, or restore it from a backup (README: Backups and restore)",
+			"db", s.file.path, "err", se.err.Error())
+	}
+	return true
+}
+
+// readFault classifies a read error: damage is recorded, another storage
+// fault goes to the fault log, and either comes back as a storageError
+// for a 503; nil for other errors.
+func (s *petStore) readFault(err error) *storageError {
+	kind, ok := s.classify(err)
+	if !ok {
+		return nil
+	}
+	if kind == faultDamaged {
+		s.markDamaged(err.Error())
+	} else {
+		s.faults.failed(kind, err, 1)
+	}
+	return &storageError{kind: kind, err: err}
+}
+
+// classify is classifyFault in the light of the fault in force: pages
+// read back from failing storage can look corrupt, and while an I/O fault
+// is in force that is put down to it, not recorded as damage to the file.
+func (s *petStore) classify(err error) (faultKind, bool) {
+	kind, ok := classifyFault(err)
+	if kind == faultDamaged {
+		if f := s.faults.current(); f != nil && f.kind == faultIO {
+			return faultIO, true
+		}
+	}
+	return kind, ok
+}
+
+// readError is err from a read, as a storageError when the storage is at
+// fault.
+func (s *petStore) readError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if se := s.readFault(err); se != nil {
+		return se
+	}
+	return err
 }
 
 // createRequest is one create: the pet and, when the client sent one, its
@@ -288,27 +583,155 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 // queued, up to maxBatch, and commits them in one transaction with one
 // fsync. It never waits for company: a lone create is committed at once,
 // and creates that arrive meanwhile queue for the next batch, which is
-// how batches form under load.
+// how batches form under load. Once a second it also bounds the WAL and,
+// while a storage fault is in force, tries a write to see it clear.
 func (s *petStore) writeLoop(w *batchWriter) {
 	defer close(s.loopDone)
-	defer w.close()
+	defer func() { w.close() }()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	batch := make([]*writeRequest, 0, maxBatch)
-	for first := range s.writes {
-		batch = append(batch[:0], first)
-	fill:
-		for len(batch) < maxBatch {
-			select {
-			case r, ok := <-s.writes:
-				if !ok {
+	for {
+		select {
+		case first, ok := <-s.writes:
+			if !ok {
+				return
+			}
+			batch = append(batch[:0], first)
+		fill:
+			for len(batch) < maxBatch {
+				select {
+				case r, ok := <-s.writes:
+					if !ok {
+						break fill
+					}
+					batch = append(batch, r)
+				default:
 					break fill
 				}
-				batch = append(batch, r)
-			default:
-				break fill
+			}
+			s.commit(w, batch)
+		case done := <-s.probes:
+			done <- s.probeWrite(&w)
+		case <-tick.C:
+			if s.faults.current() != nil || s.replaced.Load() != nil {
+				s.probeWrite(&w)
+			}
+			w.checkWAL(s.file.path+"-wal", s.opts.walLimit)
+		}
+	}
+}
+
+// commit stores a batch and answers every request in it. Before and after
+// the commit it checks that the path still names the opened file: a 201
+// is never sent for a pet that a restart would not find. A storage fault
+// refuses the whole batch with a storageError and is logged once, by the
+// fault log, not per request.
+func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
+	refuse := func(err error) {
+		kind, _ := classifyFault(err)
+		if kind != faultReplaced && kind != faultDamaged {
+			s.faults.failed(kind, err, len(batch))
+		}
+		for _, r := range batch {
+			r.done <- writeResult{err: err}
+		}
+	}
+	if err := s.checkFile(w); err != nil {
+		refuse(err)
+		return
+	}
+	if d := s.damage.Load(); d != nil {
+		refuse(&storageError{kind: faultDamaged, err: errors.New(*d)})
+		return
+	}
+	s.commitStart.Store(time.Now().UnixNano())
+	results, err := w.commit(batch)
+	s.commitStart.Store(0)
+	if err == nil {
+		if err := s.checkFile(w); err != nil {
+			// Committed, but to a file no longer at the path.
+			refuse(err)
+			return
+		}
+		s.faults.succeeded()
+		for i, r := range batch {
+			r.done <- results[i]
+		}
+		return
+	}
+	if kind, ok := s.classify(err); ok {
+		if kind == faultDamaged {
+			s.markDamaged(err.Error())
+		}
+		refuse(&storageError{kind: kind, err: err})
+		return
+	}
+	if len(batch) > 1 {
+		// One bad request must not fail its neighbours: the transaction is
+		// rolled back, so commit each on its own and let only the culprit
+		// fail.
+		for _, r := range batch {
+			s.commit(w, []*writeRequest{r})
+		}
+		return
+	}
+	batch[0].done <- writeResult{err: err}
+}
+
+// checkFile returns an error once the path no longer names the opened
+// file. The first time, the writer empties the WAL, which is still this
+// file's: left with frames, it could be paired with the new file at the
+// next start and corrupt it.
+func (s *petStore) checkFile(w *batchWriter) error {
+	if s.replaced.Load() == nil {
+		if err := s.file.checkStillThere(); err != nil {
+			if !s.markReplaced(err) {
+				return err // not a replacement: stat itself failed
 			}
 		}
-		w.commit(batch)
 	}
+	r := s.replaced.Load()
+	if r == nil {
+		return nil
+	}
+	if !w.walEmptied {
+		w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
+		w.walEmptied = true
+	}
+	return r
+}
+
+// probeWrite rewrites the schema version with the value it has: a real
+// write and fsync that changes nothing, to learn whether a pet could be
+// stored now. During a read-only fault the writer connection is replaced
+// first, so the store recovers once the file can be written again.
+func (s *petStore) probeWrite(w **batchWriter) error {
+	if err := s.checkFile(*w); err != nil {
+		return err
+	}
+	if f := s.faults.current(); f != nil && f.kind == faultReadOnly {
+		if fresh, err := (*w).reopen(s.writer); err == nil {
+			*w = fresh
+		}
+	}
+	s.commitStart.Store(time.Now().UnixNano())
+	err := (*w).inTx(context.Background(), func() error {
+		_, err := (*w).conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA user_version = %d", len(migrations)))
+		return err
+	})
+	s.commitStart.Store(0)
+	if err != nil {
+		kind, ok := s.classify(err)
+		if !ok {
+			return err
+		}
+		s.faults.failed(kind, err, 0)
+		return &storageError{kind: kind, err: err}
+	}
+	s.faults.succeeded()
+	s.file.readOnly.Store(false)
+	return nil
 }
 
 // batchWriter runs the group commits on the one writer connection, with
@@ -316,6 +739,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 type batchWriter struct {
 	conn            *sql.Conn
 	findKey, insert *sql.Stmt
+	walEmptied      bool // after the file was replaced
 }
 
 func newBatchWriter(db *sql.DB) (*batchWriter, error) {
@@ -325,6 +749,13 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 		return nil, err
 	}
 	w := &batchWriter{conn: conn}
+	// After a checkpoint has emptied the WAL, the next commit truncates
+	// the file to this size, so a WAL that grew once does not keep its
+	// size on disk for ever. Only this connection writes.
+	if _, err = conn.ExecContext(ctx, fmt.Sprintf("PRAGMA journal_size_limit = %d", defaultWALLimit)); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	if w.findKey, err = conn.PrepareContext(ctx,
 		"SELECT id, name, category_id, status, request_fingerprint FROM pets WHERE idempotency_key = ?"); err != nil {
 		conn.Close()
@@ -344,10 +775,47 @@ func (w *batchWriter) close() {
 	w.conn.Close()
 }
 
-// commit stores a batch in one transaction and answers every request in
-// it. The statements run without the clients' contexts: one client going
-// away must not abort the others' transaction.
-func (w *batchWriter) commit(batch []*writeRequest) {
+// reopen replaces the writer connection with a new one, and discards
+// the old one only once the new one is ready. A connection that SQLite
+// opened read-only, because the file could not then be written, stays
+// read-only: a new one sees that the file can be written again.
+func (w *batchWriter) reopen(db *sql.DB) (*batchWriter, error) {
+	db.SetMaxOpenConns(2)
+	defer db.SetMaxOpenConns(1)
+	fresh, err := newBatchWriter(db)
+	if err != nil {
+		return nil, err
+	}
+	w.findKey.Close()
+	w.insert.Close()
+	w.conn.Raw(func(any) error { return driver.ErrBadConn }) // not back to the pool
+	w.conn.Close()
+	return fresh, nil
+}
+
+// checkWAL bounds the WAL on disk. SQLite's automatic checkpoints are
+// passive: while a reader holds an old snapshot they cannot reach the end
+// of the WAL, which then grows with every commit and keeps its size. Once
+// a second, a WAL over limit gets a TRUNCATE checkpoint that does not
+// wait: if a reader still holds it back, it is tried again a second
+// later, and once the reader has let go the WAL shrinks to nothing.
+func (w *batchWriter) checkWAL(walPath string, limit int64) {
+	fi, err := os.Stat(walPath)
+	if err != nil || fi.Size() <= limit {
+		return
+	}
+	ctx := context.Background()
+	// A busy timeout would stall every create behind a long reader.
+	w.conn.ExecContext(ctx, "PRAGMA busy_timeout = 0")
+	w.conn.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)")
+	w.conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
+}
+
+// commit stores a batch in one transaction and returns each request's
+// result, or the error that rolled the transaction back. The statements
+// run without the clients' contexts: one client going away must not abort
+// the others' transaction.
+func (w *batchWriter) commit(batch []*writeRequest) ([]writeResult, error) {
 	ctx := context.Background()
 	results := make([]writeResult, len(batch))
 	err := w.inTx(ctx, func() error {
@@ -364,21 +832,7 @@ func (w *batchWriter) commit(batch []*writeRequest) {
 		}
 		return nil
 	})
-	if err != nil && len(batch) > 1 {
-		// One bad request must not fail its neighbours: the transaction is
-		// rolled back, so commit each on its own and let only the culprit
-		// fail.
-		for _, r := range batch {
-			w.commit([]*writeRequest{r})
-		}
-		return
-	}
-	for i, r := range batch {
-		if err != nil {
-			results[i] = writeResult{err: err}
-		}
-		r.done <- results[i]
-	}
+	return results, err
 }
 
 // inTx runs fn in an immediate transaction on the writer connection.
@@ -450,13 +904,13 @@ func (r *petRow) pet() Pet {
 func (s *petStore) getPet(ctx context.Context, id int64, fn func(*petRow)) error {
 	rows, err := s.getStmt.QueryContext(boundedRead(ctx), id)
 	if err != nil {
-		return err
+		return s.readError(err)
 	}
 	n, err := scanRows(rows, fn)
 	if err == nil && n == 0 {
 		return errNotFound
 	}
-	return err
+	return s.readError(err)
 }
 
 // petFilter selects a page of the catalogue: pets with an id above after,
@@ -478,10 +932,10 @@ func (s *petStore) listPets(ctx context.Context, f petFilter, fn func(*petRow)) 
 		rows, err = s.listByStatusStmt.QueryContext(ctx, f.status, f.after, f.limit)
 	}
 	if err != nil {
-		return err
+		return s.readError(err)
 	}
 	_, err = scanRows(rows, fn)
-	return err
+	return s.readError(err)
 }
 
 // boundedRead detaches a read from the request's cancellation. The reads
@@ -513,36 +967,59 @@ func scanRows(rows *sql.Rows, fn func(*petRow)) (int, error) {
 // while the service may be writing to src. VACUUM INTO reads one snapshot
 // (a WAL read transaction) and so neither blocks the writer nor copies a
 // half-committed state; the copy is compacted and self-contained (no
-// -wal file). dst must not exist. It returns how many pets the copy holds.
+// -wal file). The copy is written to a temporary file beside dst, checked,
+// fsynced, and only then linked into place, so an interrupted backup
+// leaves nothing at dst that could pass for a backup. dst must not exist.
+// It returns how many pets the copy holds.
 func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
 	if _, err := os.Stat(src); err != nil {
 		return 0, fmt.Errorf("database to back up: %w", err)
 	}
+	if _, err := os.Lstat(dst); err == nil {
+		return 0, fmt.Errorf("backup file %s already exists; a backup never overwrites a file", dst)
+	}
 	// Created empty and private here; VACUUM INTO fills an empty file.
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
 	if err != nil {
 		return 0, fmt.Errorf("backup file: %w", err)
 	}
-	f.Close()
+	tmpPath := tmp.Name()
+	tmp.Close()
 	defer func() {
-		if err != nil {
-			os.Remove(dst)
-		}
+		os.Remove(tmpPath)
+		os.Remove(tmpPath + "-journal")
 	}()
 
-	db, err := sql.Open("sqlite3", sqliteDSN(src))
+	db, err := sql.Open(sqliteDriver, sqliteDSN(src))
 	if err != nil {
 		return 0, err
 	}
 	defer db.Close()
-	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", tmpPath); err != nil {
 		return 0, fmt.Errorf("back up %s: %w", src, err)
 	}
+	if pets, err = checkBackup(ctx, tmpPath); err != nil {
+		return 0, err
+	}
+	if err := syncPath(tmpPath); err != nil {
+		return 0, fmt.Errorf("backup file: %w", err)
+	}
+	// A link, unlike a rename, refuses to replace a file that appeared at
+	// dst meanwhile.
+	if err := os.Link(tmpPath, dst); err != nil {
+		return 0, fmt.Errorf("backup file: %w", err)
+	}
+	if err := syncPath(filepath.Dir(dst)); err != nil {
+		return 0, fmt.Errorf("backup file: %w", err)
+	}
+	return pets, nil
+}
 
-	// Check the copy before calling it a backup.
-	// Read-only and without our DSN options, which would turn the copy
-	// into a WAL database with -wal and -shm files beside it.
-	out, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: dst}).EscapedPath()+"?mode=ro")
+// checkBackup checks a copy before it is called a backup, and counts its
+// pets. It opens the copy read-only and without our DSN options, which
+// would turn it into a WAL database with -wal and -shm files beside it.
+func checkBackup(ctx context.Context, path string) (pets int64, err error) {
+	out, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
 	if err != nil {
 		return 0, err
 	}
@@ -558,4 +1035,15 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 		return 0, fmt.Errorf("check backup: %w", err)
 	}
 	return pets, nil
+}
+
+// syncPath fsyncs a file or a directory, so what was written to it, or a
+// name added to it, is on stable storage.
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }

@@ -19,7 +19,7 @@ import (
 func TestStore(t *testing.T) {
 	t.Run("database file is private", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "pets.db")
-		s, err := openStore(path)
+		s, err := openStore(path, storeOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,7 +34,7 @@ func TestStore(t *testing.T) {
 	})
 	t.Run("schema version is recorded and reopening keeps data", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "pets.db")
-		s, err := openStore(path)
+		s, err := openStore(path, storeOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +43,7 @@ func TestStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.close()
-		s, err = openStore(path)
+		s, err = openStore(path, storeOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,14 +73,14 @@ func TestStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		db.Close()
-		_, err := openStore(path)
+		_, err := openStore(path, storeOptions{})
 		want := fmt.Sprintf("open database %s: schema version 99 is newer than this build understands (%d); use a newer petstore", path, len(migrations))
 		if err == nil || err.Error() != want {
 			t.Errorf("openStore error = %v, want %q", err, want)
 		}
 	})
 	t.Run("status filter reads only the covering index, in id order", func(t *testing.T) {
-		s, err := openStore(filepath.Join(t.TempDir(), "pets.db"))
+		s, err := openStore(filepath.Join(t.TempDir(), "pets.db"), storeOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +118,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 		}
 	}
 	db.Close()
-	s, err := openStore(path)
+	s, err := openStore(path, storeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestBackupWhileWriting(t *testing.T) {
 
 	// The copy is a consistent snapshot: at least what was acknowledged
 	// before it began, every row identical to the live one.
-	copyStore, err := openStore(backup)
+	copyStore, err := openStore(backup, storeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestBackupWhileWriting(t *testing.T) {
 
 	// A backup never overwrites.
 	err = run(context.Background(), []string{"petstore", "backup", "-db", dbPath, backup}, func(string) string { return "" }, io.Discard, io.Discard)
-	if want := "backup: backup file: open " + backup + ": file exists"; err == nil || err.Error() != want {
+	if want := "backup: backup file " + backup + " already exists; a backup never overwrites a file"; err == nil || err.Error() != want {
 		t.Errorf("second backup: %v, want %q", err, want)
 	}
 	err = run(context.Background(), []string{"petstore", "backup", "-db", filepath.Join(t.TempDir(), "missing.db"), filepath.Join(t.TempDir(), "b.db")}, func(string) string { return "" }, io.Discard, io.Discard)

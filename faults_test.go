@@ -1,0 +1,761 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// Every 503 of a storage fault has this body and a Retry-After.
+var (
+	diskFullBody = errBody(503, codeUnavailable, faultDiskFull.message())
+	readOnlyBody = errBody(503, codeUnavailable, faultReadOnly.message())
+	lockedBody   = errBody(503, codeUnavailable, faultLocked.message())
+	damagedBody  = errBody(503, codeUnavailable, faultDamaged.message())
+	replacedBody = errBody(503, codeUnavailable, faultReplaced.message())
+)
+
+const newPetBody = `{"name":"Rex","categoryId":1}`
+
+// newLoggedServer is newTestServerAt with the store's and the server's
+// log lines captured.
+func newLoggedServer(t *testing.T, path string, opts storeOptions) (*httptest.Server, *petStore, *syncBuffer) {
+	t.Helper()
+	logs := &syncBuffer{}
+	log := newLogger(logs, "text", 0)
+	opts.log = log
+	store, err := openStore(path, opts)
+	if err != nil {
+		t.Fatalf("openStore: %v", err)
+	}
+	t.Cleanup(func() { store.close() })
+	digests, _ := parseAPIKeys(testKey)
+	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: log}))
+	t.Cleanup(srv.Close)
+	return srv, store, logs
+}
+
+// mountTmpfs mounts a tmpfs of the given size (such as "4m") on a temp
+// dir: a real small filesystem to fill. Mounting needs root; CI runs as
+// root, so these tests run there.
+func mountTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root (CI runs as root); the storage faults are also tested without root by the tests that need no mount")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
+
+// mountExt4 loop-mounts a new 32 MiB ext4 image on a temp dir: a real
+// block filesystem, which can be shut down or frozen. It needs root.
+func mountExt4(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("loop-mounting an ext4 image needs root (CI runs as root)")
+	}
+	img := filepath.Join(t.TempDir(), "disk.img")
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"truncate", "-s", "32M", img},
+		{"mkfs.ext4", "-q", img},
+		{"mount", "-o", "loop", img, dir},
+	} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
+
+// fillDisk writes a file in dir until the filesystem has no byte left,
+// and returns the function that deletes it.
+func fillDisk(t *testing.T, dir string) (free func()) {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, chunk := range []int{64 << 10, 4 << 10, 512, 1} {
+		buf := make([]byte, chunk)
+		for {
+			if _, err := f.Write(buf); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	}
+	f.Close()
+	return func() {
+		t.Helper()
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// countLines counts the log lines that match re.
+func countLines(logs *syncBuffer, re string) int {
+	return len(regexp.MustCompile(re).FindAllString(logs.String(), -1))
+}
+
+// waitFor polls cond for up to d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDiskFull fills a real filesystem under the service: creates get a
+// retryable 503 that says the disk is full, reads go on, the fault is
+// logged once when it begins and once when it ends, and the first create
+// after space is freed succeeds without a restart. A restart on the full
+// disk starts, serves reads and reports the full disk.
+func TestDiskFull(t *testing.T) {
+	dir := mountTmpfs(t, "4m")
+	path := filepath.Join(dir, "pets.db")
+	srv, store, logs := newLoggedServer(t, path, storeOptions{})
+	acked := map[int64]bool{}
+	create := func() reply {
+		r := do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		if r.status == 201 {
+			acked[decodePet(t, r.body).ID] = true
+		}
+		return r
+	}
+	mustCreate := func() {
+		t.Helper()
+		if r := create(); r.status != 201 {
+			t.Fatalf("create: %d %s", r.status, r.body)
+		}
+	}
+	for range 5 {
+		mustCreate()
+	}
+
+	free := fillDisk(t, dir)
+	refused := 0
+	for i := 0; i < 5000 && refused == 0; i++ {
+		if r := create(); r.status != 201 {
+			checkReply(t, r, 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+			refused++
+		}
+	}
+	if refused == 0 {
+		t.Fatal("5000 creates on a full disk were all stored")
+	}
+	for range 20 {
+		checkReply(t, create(), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+		refused++
+	}
+	if r := do(t, srv, call{method: "GET", path: "/v1/pets?limit=1"}); r.status != 200 {
+		t.Errorf("list on a full disk: %d %s", r.status, r.body)
+	}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+	if n := countLines(logs, `level=ERROR msg="storage fault`); n != 1 {
+		t.Errorf("%d refused creates logged %d fault lines, want 1:\n%s", refused, n, logs)
+	}
+
+	free()
+	start := time.Now()
+	mustCreate()
+	t.Logf("disk full: %d creates acknowledged, %d refused with 503; first create after freeing space stored after %s",
+		len(acked), refused, time.Since(start).Round(time.Millisecond))
+	want := fmt.Sprintf(`level=WARN msg="storage fault cleared" fault="disk full: [^"]*" why="a write succeeded" refused=%d `, refused)
+	if n := countLines(logs, want); n != 1 {
+		t.Errorf("want one line matching %s, got:\n%s", want, logs)
+	}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+
+	// A restart while the disk is full.
+	srv.Close()
+	store.close()
+	free = fillDisk(t, dir)
+	srv, store, _ = newLoggedServer(t, path, storeOptions{})
+	if got := walkCatalogue(t, func(p string) reply { return do(t, srv, call{method: "GET", path: p}) }); len(got) != len(acked) {
+		t.Errorf("after a restart on a full disk: %d pets listed, %d acknowledged", len(got), len(acked))
+	}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+	checkReply(t, create(), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+	free()
+	mustCreate()
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+
+	pets, err := storedPets(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pets {
+		delete(acked, p.ID)
+	}
+	if len(acked) != 0 {
+		t.Errorf("acknowledged pets missing from the file: %v", acked)
+	}
+}
+
+// TestReadOnlyStorage starts the service on a database file that cannot
+// be written (immutable), then makes it writable: reads are served, creates
+// and /healthz get 503 "read-only" with Retry-After, the fault is logged
+// once when it begins and once when it ends, and the service recovers
+// with no restart.
+func TestReadOnlyStorage(t *testing.T) {
+	dir := mountTmpfs(t, "16m")
+	path := filepath.Join(dir, "pets.db")
+	_, store := newTestServerAt(t, path)
+	if _, _, err := store.createPet(context.Background(), createRequest{pet: NewPet{Name: "Rex", CategoryID: 1, Status: "sold"}}); err != nil {
+		t.Fatal(err)
+	}
+	store.close()
+	chattr := func(flag string) {
+		t.Helper()
+		if out, err := exec.Command("chattr", flag, path).CombinedOutput(); err != nil {
+			t.Fatalf("chattr %s: %v: %s", flag, err, out)
+		}
+	}
+	chattr("+i")
+	defer exec.Command("chattr", "-i", path).Run()
+
+	srv, _, logs := newLoggedServer(t, path, storeOptions{})
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil,
+		`[{"id":1,"name":"Rex","categoryId":1,"status":"sold"}]`)
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, readOnlyBody)
+	for range 30 {
+		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "5"}, readOnlyBody)
+	}
+	chattr("-i")
+	// No create needed: the store tries a write every second while a
+	// fault is in force, so it recovers by itself.
+	start := time.Now()
+	waitFor(t, 5*time.Second, "health did not recover", func() bool {
+		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 200
+	})
+	t.Logf("read-only: 30 creates refused, %d fault lines, recovered %s after the file was writable again",
+		countLines(logs, `msg="storage fault`), time.Since(start).Round(time.Millisecond))
+	createPets(t, srv, newPetBody)
+	if n := countLines(logs, `level=ERROR msg="storage fault: [^"]*" fault="read-only: `); n != 1 {
+		t.Errorf("want 1 fault line, got %d:\n%s", n, logs)
+	}
+	if n := countLines(logs, `level=WARN msg="storage fault cleared" fault="read-only: [^"]*" why="a write succeeded" refused=30 `); n != 1 {
+		t.Errorf("want 1 cleared line with refused=30:\n%s", logs)
+	}
+}
+
+// TestFailingStorage shuts down the ext4 filesystem under the running
+// service, as a failing disk does: every write from then on is an I/O
+// error. Creates and /healthz get 503 "I/O error" with Retry-After, never
+// 500, and the fault is logged once, not once per request.
+func TestFailingStorage(t *testing.T) {
+	dir := mountExt4(t)
+	srv, _, logs := newLoggedServer(t, filepath.Join(dir, "pets.db"), storeOptions{})
+	createPets(t, srv, newPetBody)
+
+	// EXT4_IOC_SHUTDOWN with EXT4_GOING_FLAGS_NOLOGFLUSH: the filesystem
+	// fails every write from now on, until it is unmounted.
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := uint32(2)
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, d.Fd(), 0x8004587d, uintptr(unsafe.Pointer(&flags))); errno != 0 {
+		t.Fatalf("shut down ext4: %v", errno)
+	}
+	d.Close()
+	ioBody := errBody(503, codeUnavailable, faultIO.message())
+	for range 200 {
+		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "5"}, ioBody)
+	}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, ioBody)
+	if n := countLines(logs, `level=ERROR`); n != 1 {
+		t.Errorf("200 refused creates logged %d error lines, want 1:\n%s", n, logs)
+	}
+}
+
+// TestLockedByAnotherProcess holds the database's write lock from another
+// connection for longer than the busy timeout: creates get 503 "database
+// locked" instead of hanging or 500, and the service recovers by itself
+// when the lock is released.
+func TestLockedByAnotherProcess(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	srv, _, logs := newLoggedServer(t, path, storeOptions{})
+	createPets(t, srv, newPetBody)
+
+	other, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	replies := make([]reply, 4)
+	for i := range replies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			replies[i] = do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		}()
+	}
+	wg.Wait()
+	for _, r := range replies {
+		checkReply(t, r, 503, map[string]string{"Retry-After": "1"}, lockedBody)
+	}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"}, lockedBody)
+	conn.ExecContext(context.Background(), "ROLLBACK")
+	conn.Close()
+	waitFor(t, 10*time.Second, "health did not recover", func() bool {
+		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 200
+	})
+	createPets(t, srv, newPetBody)
+	if n := countLines(logs, `msg="storage fault: [^"]*" fault="database locked: `); n != 1 {
+		t.Errorf("want 1 fault line:\n%s", logs)
+	}
+	if n := countLines(logs, `msg="storage fault cleared" fault="database locked: [^"]*" why="a write succeeded" refused=4 `); n != 1 {
+		t.Errorf("want 1 cleared line with refused=4:\n%s", logs)
+	}
+}
+
+// TestFileReplacedUnderTheService deletes, or replaces, the database file
+// while clients create pets. No create sent after that is acknowledged, so
+// none is lost at the restart; /healthz says so and one error line tells
+// the operator what to do. A replacing file is not corrupted by the old
+// WAL.
+func TestFileReplacedUnderTheService(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		replace func(t *testing.T, path string) (want []Pet)
+	}{
+		{"rm", func(t *testing.T, path string) []Pet {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}},
+		{"mv another petstore file over it", func(t *testing.T, path string) []Pet {
+			other := filepath.Join(t.TempDir(), "other.db")
+			osrv, ostore := newTestServerAt(t, other)
+			createPets(t, osrv, `{"name":"Other","categoryId":7}`, `{"name":"Other2","categoryId":7}`)
+			want, err := storedPets(ostore)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ostore.close()
+			if err := os.Rename(other, path); err != nil {
+				t.Fatal(err)
+			}
+			return want
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "pets.db")
+			srv, store, logs := newLoggedServer(t, path, storeOptions{})
+
+			var (
+				mu           sync.Mutex
+				replacedAt   time.Time // zero until the file is replaced
+				ackedAfter   []int64   // 201s to creates sent after it
+				refusedAfter int
+				stop         = make(chan struct{})
+				wg           sync.WaitGroup
+			)
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						mu.Lock()
+						after := !replacedAt.IsZero()
+						mu.Unlock()
+						r := do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+						if !after {
+							continue
+						}
+						mu.Lock()
+						if r.status == 201 {
+							ackedAfter = append(ackedAfter, decodePet(t, r.body).ID)
+						} else {
+							refusedAfter++
+							checkReply(t, r, 503, map[string]string{"Retry-After": "60"}, replacedBody)
+						}
+						mu.Unlock()
+					}
+				}()
+			}
+			time.Sleep(200 * time.Millisecond)
+			mu.Lock()
+			want := tc.replace(t, path)
+			replacedAt = time.Now()
+			mu.Unlock()
+			time.Sleep(300 * time.Millisecond)
+			close(stop)
+			wg.Wait()
+
+			checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, replacedBody)
+			if n := countLines(logs, `level=ERROR msg="the database file was deleted or replaced under the running service: [^"]*restart the service[^"]*"`); n != 1 {
+				t.Errorf("want one error line, got %d:\n%s", n, logs)
+			}
+			srv.Close()
+			store.close()
+
+			// The restart.
+			restarted, err := openStore(path, storeOptions{})
+			if err != nil {
+				t.Fatalf("restart: %v", err)
+			}
+			defer restarted.close()
+			got, err := storedPets(restarted)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lost := 0
+			for _, id := range ackedAfter {
+				if _, err := storedPet(restarted, id); err != nil {
+					lost++
+				}
+			}
+			t.Logf("%s: %d creates sent after the file was replaced: %d refused with 503, %d acknowledged, %d of those lost at the restart",
+				tc.name, refusedAfter+len(ackedAfter), refusedAfter, len(ackedAfter), lost)
+			if len(ackedAfter) != 0 || refusedAfter == 0 {
+				t.Errorf("creates sent after the replacement: %d acknowledged (want 0), %d refused", len(ackedAfter), refusedAfter)
+			}
+			if !slicesEqual(got, want) {
+				t.Errorf("the file now at the path holds %v, want %v", got, want)
+			}
+			var check string
+			if err := restarted.readers.QueryRow("PRAGMA integrity_check").Scan(&check); err != nil || check != "ok" {
+				t.Errorf("integrity_check of the file at the path: %q %v", check, err)
+			}
+		})
+	}
+}
+
+func slicesEqual(a, b []Pet) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestOneServicePerFile: a second service on the same file refuses to
+// start with one line naming the file, in the same process or another;
+// petstore backup still works beside the running service.
+func TestOneServicePerFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	_, first := newTestServerAt(t, path)
+	want := "database " + path + " is in use by another petstore process; run one service per database file"
+	if _, err := openStore(path, storeOptions{}); err == nil || err.Error() != want {
+		t.Errorf("second store in the same process: %v, want %q", err, want)
+	}
+	first.close()
+
+	bin := buildBinary(t)
+	db := filepath.Join(t.TempDir(), "pets.db")
+	base, _ := startBinary(t, bin, db)
+	if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	second := exec.Command(bin, "-addr", "127.0.0.1:0", "-db", db)
+	second.Env = append(os.Environ(), "PETSTORE_API_KEYS="+testKey)
+	out, err := second.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("second service: %v, want exit status 1; output %q", err, out)
+	}
+	if want := "petstore: database " + db + " is in use by another petstore process; run one service per database file\n"; string(out) != want {
+		t.Errorf("second service said %q, want %q", out, want)
+	}
+	backup := filepath.Join(t.TempDir(), "b.db")
+	if out, err := exec.Command(bin, "backup", "-db", db, backup).CombinedOutput(); err != nil {
+		t.Fatalf("backup beside the service: %v: %s", err, out)
+	}
+	// The service still holds its lock and serves after the backup.
+	if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
+		t.Errorf("create after the backup: %d %s", r.status, r.body)
+	}
+	again := exec.Command(bin, "-addr", "127.0.0.1:0", "-db", db)
+	again.Env = second.Env
+	if out, err := again.CombinedOutput(); err == nil || !strings.Contains(string(out), "is in use by another petstore process") {
+		t.Errorf("a second service after a backup: %v %q", err, out)
+	}
+}
+
+// TestForeignFiles: the service marks its files and refuses, unchanged, a
+// SQLite file of another application or one holding tables it did not
+// make; an unmarked file of an earlier petstore is marked.
+func TestForeignFiles(t *testing.T) {
+	makeFile := func(t *testing.T, sqls ...string) string {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "x.db")
+		db, err := sql.Open("sqlite3", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		for _, q := range sqls {
+			if _, err := db.Exec(q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return path
+	}
+	for _, tc := range []struct {
+		name, wantErr string
+		sqls          []string
+	}{
+		{"another application", "not a petstore database: it belongs to another application (SQLite application_id 0x2a); use another -db file",
+			[]string{"PRAGMA application_id = 42", "CREATE TABLE t (x)"}},
+		{"tables not its own", "not a petstore database: it holds tables petstore did not make (customers, orders); use another -db file",
+			[]string{"CREATE TABLE orders (x)", "CREATE TABLE customers (x)"}},
+		{"another table beside pets", "not a petstore database: it holds tables petstore did not make (notes); use another -db file",
+			[]string{"CREATE TABLE pets (x)", "CREATE TABLE notes (x)", "PRAGMA user_version = 2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := makeFile(t, tc.sqls...)
+			before, _ := os.ReadFile(path)
+			_, err := openStore(path, storeOptions{})
+			if want := "open database " + path + ": " + tc.wantErr; err == nil || err.Error() != want {
+				t.Errorf("openStore: %v, want %q", err, want)
+			}
+			if after, _ := os.ReadFile(path); string(after) != string(before) {
+				t.Error("the refused file was changed")
+			}
+		})
+	}
+
+	t.Run("unmarked file of an earlier petstore", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "p.db")
+		s, err := openStore(path, storeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.close()
+		db, _ := sql.Open("sqlite3", path)
+		db.Exec("PRAGMA application_id = 0")
+		db.Exec("PRAGMA user_version = 3")
+		db.Close()
+		s, err = openStore(path, storeOptions{})
+		if err != nil {
+			t.Fatalf("an earlier petstore's file: %v", err)
+		}
+		var id, version int64
+		s.readers.QueryRow("PRAGMA application_id").Scan(&id)
+		s.readers.QueryRow("PRAGMA user_version").Scan(&version)
+		s.close()
+		if id != petstoreApplicationID || version != int64(len(migrations)) {
+			t.Errorf("application_id %#x, user_version %d; want %#x, %d", id, version, petstoreApplicationID, len(migrations))
+		}
+	})
+}
+
+// TestDamagedFile corrupts pages of a database file: the service starts,
+// its background quick_check finds the damage, /healthz answers 503 with
+// the reason, one error line says how to restore, and no request gets a
+// 500.
+func TestDamagedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	preloadPets(t, path, 5000)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := f.Stat()
+	garbage := []byte(strings.Repeat("\xde\xad\xbe\xef", 1024))
+	for page := int64(4); page*4096 < fi.Size()-4096; page += 7 {
+		f.WriteAt(garbage, page*4096)
+	}
+	f.Close()
+
+	srv, _, logs := newLoggedServer(t, path, storeOptions{})
+	waitFor(t, 10*time.Second, "health never reported the damage", func() bool {
+		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 503
+	})
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+	if n := countLines(logs, `level=ERROR msg="database file is damaged: stop the service, [^"]*restore the latest backup[^"]*"`); n != 1 {
+		t.Errorf("want one error line on the damage, got %d:\n%s", n, logs)
+	}
+	statuses := map[int]int{}
+	for after := 0; after < 5000; after += 100 {
+		r := do(t, srv, call{method: "GET", path: "/v1/pets?limit=100&after=" + strconv.Itoa(after)})
+		statuses[r.status]++
+		if r.status != 200 {
+			checkReply(t, r, 503, map[string]string{"Retry-After": "60"}, damagedBody)
+		}
+	}
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+	t.Logf("damaged file: list pages answered %v", statuses)
+}
+
+// TestWALIsBounded holds a read transaction open from another connection
+// while creates stream in, so the WAL cannot be checkpointed and grows;
+// once the reader lets go, the WAL shrinks back under the limit within a
+// few seconds of continued creates.
+func TestWALIsBounded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	const limit = 1 << 20
+	s, err := openStore(path, storeOptions{walLimit: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	walSize := func() int64 {
+		fi, err := os.Stat(path + "-wal")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+
+	reader, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	conn, _ := reader.Conn(context.Background())
+	defer conn.Close()
+	var n int
+	conn.ExecContext(context.Background(), "BEGIN")
+	if err := conn.QueryRowContext(context.Background(), "SELECT count(*) FROM pets").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if _, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: strings.Repeat("n", 90), CategoryID: 1, Status: "sold"}}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	waitFor(t, 60*time.Second, "the WAL did not grow past 4 times the limit", func() bool { return walSize() > 4*limit })
+	grown := walSize()
+	conn.ExecContext(context.Background(), "COMMIT")
+	released := time.Now()
+	waitFor(t, 5*time.Second, "the WAL did not shrink under the limit", func() bool { return walSize() <= limit })
+	t.Logf("WAL: %d bytes while the reader held it (limit %d); %d bytes %s after it let go, creates going on",
+		grown, limit, walSize(), time.Since(released).Round(time.Millisecond))
+}
+
+// TestBackupInterrupted kills petstore backup at moments through its
+// work: whatever is at the backup's name afterwards is a complete backup,
+// never a partial file that a restore would accept.
+func TestBackupInterrupted(t *testing.T) {
+	bin := buildBinary(t)
+	db := filepath.Join(t.TempDir(), "pets.db")
+	const pets = 200000
+	preloadPets(t, db, pets)
+	complete, absent := 0, 0
+	for i, delay := range []time.Duration{5, 20, 50, 100, 150, 250, 400, 800} {
+		dir := t.TempDir()
+		dst := filepath.Join(dir, "backup.db")
+		cmd := exec.Command(bin, "backup", "-db", db, dst)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(delay * time.Millisecond)
+		cmd.Process.Kill()
+		cmd.Wait()
+		if _, err := os.Stat(dst); errors.Is(err, os.ErrNotExist) {
+			absent++
+		} else {
+			n, err := checkBackup(context.Background(), dst)
+			if err != nil || n != pets {
+				t.Errorf("kill %d after %s: %s holds %d pets (%v), want a complete backup or nothing", i, delay*time.Millisecond, dst, n, err)
+			}
+			complete++
+		}
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if e.Name() != "backup.db" && !strings.HasPrefix(e.Name(), ".backup.db.partial-") {
+				t.Errorf("kill %d: unexpected file %s beside the backup", i, e.Name())
+			}
+		}
+	}
+	t.Logf("backup killed 8 times: %d left nothing at the name, %d a complete backup", absent, complete)
+	if absent == 0 {
+		t.Error("no kill interrupted a backup; the test proves nothing")
+	}
+}
+
+// TestFrozenStorage freezes the filesystem under the service: a create
+// waits on its commit, and /healthz reports the stuck commit after 5 s
+// instead of saying ok; once thawed, the create is answered 201.
+func TestFrozenStorage(t *testing.T) {
+	dir := mountExt4(t)
+	srv, _, _ := newLoggedServer(t, filepath.Join(dir, "pets.db"), storeOptions{})
+	createPets(t, srv, newPetBody)
+	if out, err := exec.Command("fsfreeze", "-f", dir).CombinedOutput(); err != nil {
+		t.Fatalf("fsfreeze: %v: %s", err, out)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			exec.Command("fsfreeze", "-u", dir).Run()
+			thawed = true
+		}
+	}
+	defer thaw()
+	created := make(chan reply, 1)
+	go func() { created <- do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}) }()
+	notAnswering := errBody(503, codeUnavailable, faultNotAnswering.message())
+	waitFor(t, 10*time.Second, "health never reported the stuck commit", func() bool {
+		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 503
+	})
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"}, notAnswering)
+	thaw()
+	select {
+	case r := <-created:
+		if r.status != 201 {
+			t.Errorf("create across the freeze: %d %s", r.status, r.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the create was not answered after the thaw")
+	}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+}
