@@ -213,6 +213,17 @@ func TestKeysFileReloadOnSIGHUP(t *testing.T) {
 	waitForLog(t, stderr, `API keys not reloaded; the previous keys stay in force" err="API keys file \S+ line 2: sha256: must be followed`, 1)
 	ok("new-key")
 	refused("old-key")
+
+	// A file with no key (all comments, or emptied by a > typed for >>)
+	// is refused as at start: it would lock every client out.
+	write("# every key commented out\n# new-key\n")
+	hup()
+	waitForLog(t, stderr, `level=ERROR msg="SIGHUP: API keys not reloaded; the previous keys stay in force" err="API keys file `+regexp.QuoteMeta(keysFile)+` holds no key"`, 1)
+	ok("new-key")
+	write("")
+	hup()
+	waitForLog(t, stderr, `API keys not reloaded; the previous keys stay in force" err="API keys file \S+ holds no key"`, 2)
+	ok("new-key")
 	if strings.Contains(stderr.String(), "old-key") || strings.Contains(stderr.String(), "new-key") {
 		t.Errorf("log shows a key:\n%s", stderr.String())
 	}

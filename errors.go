@@ -24,6 +24,7 @@ const (
 	codeInternalError        = "internal_error"
 	codeUnavailable          = "unavailable"
 	codeIdempotencyKeyReused = "idempotency_key_reused"
+	codeRateLimited          = "rate_limited"
 )
 
 // apiError is the Error body of the specification.

@@ -29,6 +29,7 @@ const (
 	faultIO
 	faultLocked
 	faultNotAnswering
+	faultTimedOut // a create that could not be committed before its deadline
 	faultDamaged  // lasts until the file is restored and the service restarted
 	faultReplaced // lasts until the service is restarted
 )
@@ -49,6 +50,8 @@ func (k faultKind) message() string {
 		return "damaged: the database file is corrupt and must be restored from a backup"
 	case faultReplaced:
 		return "file replaced: the database file was deleted or replaced while the service ran; the service must be restarted"
+	case faultTimedOut:
+		return "timed out: the pet could not be committed before the write timeout, so it was not stored"
 	}
 	return "database not answering"
 }
@@ -57,7 +60,7 @@ func (k faultKind) message() string {
 // passes quickly; the others wait for an operator.
 func (k faultKind) retryAfter() string {
 	switch k {
-	case faultLocked, faultNotAnswering:
+	case faultLocked, faultNotAnswering, faultTimedOut:
 		return "1"
 	case faultDamaged, faultReplaced:
 		return "60"

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -65,6 +67,8 @@ type config struct {
 	logFormat         string
 	logLevel          slog.Level
 	corsOrigins       []string
+	maxConns          int
+	rateLimit         rateLimit // zero: off
 	version           bool
 }
 
@@ -147,8 +151,14 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	var level, origins string
 	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log level: debug, info (one line per request), warn or error")
 	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser origins allowed to call the API, comma-separated, exact (https://office.example.com)")
+	var maxConns, rate, burst string
+	f.string(&maxConns, "max-conns", "PETSTORE_MAX_CONNS", "", fmt.Sprintf(
+		"most client connections open at once; more wait at the listener (default: the descriptor limit less room for the database, here %d)", defaultMaxConns()))
+	f.string(&rate, "rate-limit", "PETSTORE_RATE_LIMIT", "", "requests per API key, such as 50/s, 3000/m or 100000/h; off when empty")
+	f.string(&burst, "rate-burst", "PETSTORE_RATE_BURST", "", "requests a key may send at once before the rate applies (default: the rate's count, 50 for 50/s)")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
-	if err := fs.Parse(args[1:]); err != nil {
+	err := fs.Parse(args[1:])
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stdout)
 			fmt.Fprintf(stdout, "Usage: %s [flags]\n       %s backup [-db FILE] BACKUP-FILE\n       %s keygen\n\n"+
@@ -171,6 +181,17 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	}
 	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return c, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", level)
+	}
+	c.maxConns = defaultMaxConns()
+	if maxConns != "" {
+		n, err := strconv.Atoi(maxConns)
+		if err != nil || n < 1 {
+			return c, fmt.Errorf("-max-conns (PETSTORE_MAX_CONNS) must be a positive integer, got %q", maxConns)
+		}
+		c.maxConns = n
+	}
+	if c.rateLimit, err = parseRateLimit(rate, burst); err != nil {
+		return c, err
 	}
 	for _, o := range strings.Split(origins, ",") {
 		if o = strings.TrimSpace(o); o == "" {
@@ -217,6 +238,166 @@ func versionLine() string {
 	return fmt.Sprintf("petstore %s (revision %s%s%s)", version, revision, when, modified)
 }
 
+// logWriter stands between the logger and its output (a terminal, a
+// pipe, journald, a file), so that an output which stalls never holds up a
+// request. Lines wait in a bounded queue that one goroutine writes out,
+// several at a time; a full queue drops lines and counts them, and once
+// writing works again the count is logged.
+type logWriter struct {
+	out    io.Writer
+	format string
+
+	mu      sync.Mutex
+	queue   []byte // whole lines waiting to be written
+	dropped int    // lines lost since the last notice
+	closed  bool
+	wake    chan struct{}
+	done    chan struct{}
+}
+
+// maxQueuedLog bounds the lines waiting for a stalled output.
+const maxQueuedLog = 4 << 20
+
+func newLogWriter(out io.Writer, format string) *logWriter {
+	w := &logWriter{out: out, format: format, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go w.loop()
+	return w
+}
+
+// Write queues one line; it never blocks on the output.
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || len(w.queue)+len(p) > maxQueuedLog {
+		w.dropped++
+		return len(p), nil
+	}
+	w.queue = append(w.queue, p...)
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (w *logWriter) loop() {
+	defer close(w.done)
+	for {
+		_, open := <-w.wake
+		w.drain()
+		if !open {
+			return
+		}
+	}
+}
+
+// drain writes out the queue until it is empty.
+func (w *logWriter) drain() {
+	var batch []byte
+	for {
+		w.mu.Lock()
+		batch, w.queue = w.queue, batch[:0]
+		dropped := w.dropped
+		w.mu.Unlock()
+		if len(batch) == 0 {
+			return
+		}
+		if _, err := w.out.Write(batch); err != nil {
+			w.mu.Lock()
+			w.dropped += bytes.Count(batch, []byte{'\n'})
+			w.mu.Unlock()
+			continue
+		}
+		if dropped > 0 && w.noteDropped(dropped) {
+			w.mu.Lock()
+			w.dropped -= dropped
+			w.mu.Unlock()
+		}
+	}
+}
+
+// noteDropped logs how many lines were lost, in the log's own format.
+func (w *logWriter) noteDropped(n int) bool {
+	var line bytes.Buffer
+	newLogger(&line, w.format, slog.LevelWarn).Warn("log lines were dropped: the log output did not take them", "lines", n)
+	_, err := w.out.Write(line.Bytes())
+	return err == nil
+}
+
+// close writes out what is queued, waiting at most wait for an output
+// that does not take it.
+func (w *logWriter) close(wait time.Duration) {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
+	w.closed = true
+	close(w.wake)
+	w.mu.Unlock()
+	select {
+	case <-w.done:
+	case <-time.After(wait):
+	}
+}
+
+// defaultMaxConns is the default cap on client connections: the process's
+// descriptor limit less room for the database's connections (two files
+// each), the listener and the rest.
+func defaultMaxConns() int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<20 {
+		return 1 << 16
+	}
+	reserve := 32 + 3*(readerConns()+1)
+	return max(1, int(lim.Cur)-reserve)
+}
+
+// limitListener makes new connections wait in the listen queue while max
+// are open, so the process never runs out of descriptors for the ones it
+// has accepted or for its database.
+type limitListener struct {
+	net.Listener
+	slots     chan struct{}
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func newLimitListener(ln net.Listener, max int) *limitListener {
+	return &limitListener{Listener: ln, slots: make(chan struct{}, max), closed: make(chan struct{})}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitedConn{Conn: c, release: sync.OnceFunc(func() { <-l.slots })}, nil
+}
+
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// limitedConn gives its slot back when it is closed.
+type limitedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
+}
+
 // serve runs the HTTP service until ctx is cancelled.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg, err := parseFlags(args, getenv, stdout)
@@ -230,7 +411,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		fmt.Fprintln(stdout, versionLine())
 		return nil
 	}
-	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
+	// Logging must never hold up serving: lines go through a bounded
+	// queue, and a log reader that stalls or goes away costs lines, not
+	// requests. A reader gone makes writes fail with EPIPE, which must not
+	// kill the process as SIGPIPE does by default for stderr.
+	signal.Ignore(syscall.SIGPIPE)
+	logOut := newLogWriter(stderr, cfg.logFormat)
+	defer logOut.close(time.Second)
+	stderr = logOut
+	log := newLogger(logOut, cfg.logFormat, cfg.logLevel)
 
 	keySrc := keySource{list: getenv("PETSTORE_API_KEYS"), file: cfg.apiKeysFile}
 	digests, err := keySrc.load()
@@ -262,10 +451,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 
 	// Listen before opening anything else, so a busy port fails at once.
-	ln, err := net.Listen("tcp", cfg.addr)
+	tcpLn, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
+	ln := newLimitListener(tcpLn, cfg.maxConns)
 	defer ln.Close()
 
 	store, err := openStore(cfg.db, storeOptions{log: log})
@@ -275,7 +465,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	defer store.close()
 
 	srv := &http.Server{
-		Handler:           newHandler(&server{store: store, keys: keys, log: log, corsOrigins: cfg.corsOrigins}),
+		Handler: newHandler(&server{store: store, keys: keys, log: log, corsOrigins: cfg.corsOrigins,
+			createWithin: createDeadline(cfg.writeTimeout), limiter: newRateLimiter(cfg.rateLimit)}),
 		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,
@@ -338,15 +529,16 @@ func reloadKeysOnHUP(ctx context.Context, hup <-chan os.Signal, src keySource, k
 			continue
 		}
 		digests, err := src.load()
+		if err == nil && len(digests) == 0 {
+			// As at start: a file with no key (all comments, or emptied by
+			// a > typed for >>) would lock every client out.
+			err = fmt.Errorf("API keys file %s holds no key", src.file)
+		}
 		if err != nil {
 			log.Error("SIGHUP: API keys not reloaded; the previous keys stay in force", "err", err)
 			continue
 		}
 		keys.set(digests)
-		if len(digests) == 0 {
-			log.Warn("SIGHUP: API keys reloaded: no key left, every request will be refused")
-			continue
-		}
 		log.Info("SIGHUP: API keys reloaded", "keys", len(digests))
 	}
 }

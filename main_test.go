@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -593,5 +594,307 @@ func TestSystemdUnit(t *testing.T) {
 	os.WriteFile(path, bytes.ReplaceAll(unit, []byte("/usr/local/bin/petstore"), []byte(self)), 0o644)
 	if out, err := exec.Command(analyze, "verify", path).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// runBinary starts the built binary with args (after prefix, such as a
+// shell that lowers a limit first) on a free address, with stderr to
+// errOut, and waits until /healthz answers.
+func runBinary(t *testing.T, prefix []string, bin string, args []string, errOut io.Writer) (base string, cmd *exec.Cmd) {
+	t.Helper()
+	addr := freeAddr(t)
+	argv := append(append(slices.Clone(prefix), bin, "-addr", addr), args...)
+	cmd = exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "PETSTORE_API_KEYS="+testKey)
+	cmd.Stderr = errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	base = "http://" + addr
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return base, cmd
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("binary did not become healthy: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStalledLogPipe gives the binary a stderr pipe that nobody reads:
+// requests go on being answered at normal speed; once the pipe is read
+// again the dropped lines are counted in the log; when the reader goes
+// away the process keeps running (no SIGPIPE) and stops cleanly.
+func TestStalledLogPipe(t *testing.T) {
+	bin := buildBinary(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, cmd := runBinary(t, nil, bin, []string{"-db", filepath.Join(t.TempDir(), "pets.db")}, w)
+	w.Close()
+
+	client := &http.Client{Timeout: 2 * time.Second}
+	get := func() error {
+		req, _ := http.NewRequest("GET", base+"/v1/pets?limit=1", nil)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	}
+	// Enough requests to overflow both the pipe (64 KiB) and the log's
+	// own queue (4 MiB, about 25,000 lines), so lines are dropped.
+	const clients, each = 8, 5000
+	var answered, failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if get() != nil {
+					failed.Add(1)
+				} else {
+					answered.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("log pipe stalled: %d of %d requests answered (%d failed) in %s",
+		answered.Load(), clients*each, failed.Load(), time.Since(start).Round(time.Millisecond))
+	if failed.Load() != 0 {
+		t.Fatalf("%d requests failed with the log pipe stalled", failed.Load())
+	}
+
+	// Read the pipe again: the count of lost lines is logged.
+	logs := &syncBuffer{}
+	copied := make(chan struct{})
+	go func() { io.Copy(logs, r); close(copied) }()
+	for range 5 {
+		get()
+	}
+	waitForLog(t, logs, `level=WARN msg="log lines were dropped: the log output did not take them" lines=[1-9][0-9]*`, 1)
+	t.Logf("after the stall: %s", regexp.MustCompile(`msg="log lines were dropped[^\n]*`).FindString(logs.String()))
+
+	// The reader goes away: writes to stderr fail with EPIPE, and the
+	// process goes on serving.
+	r.Close()
+	<-copied
+	for i := range 200 {
+		if err := get(); err != nil {
+			t.Fatalf("request %d after the log reader went away: %v", i, err)
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("exit after SIGTERM with no log reader: %v, want status 0", err)
+	}
+}
+
+// TestLowDescriptorLimit runs the binary with RLIMIT_NOFILE 128 and more
+// clients than that, each on its own connection: connections above the
+// cap wait at the listener, and no request on an accepted connection
+// fails.
+func TestLowDescriptorLimit(t *testing.T) {
+	bin := buildBinary(t)
+	stderr := &syncBuffer{}
+	base, _ := runBinary(t, []string{"sh", "-c", `ulimit -n 128 && exec "$0" "$@"`}, bin,
+		[]string{"-db", filepath.Join(t.TempDir(), "pets.db")}, stderr)
+	const clients, each = 150, 5
+	var failed, answered atomic.Int64
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			transport := &http.Transport{MaxConnsPerHost: 1}
+			defer transport.CloseIdleConnections()
+			client := &http.Client{Transport: transport, Timeout: 30 * time.Second}
+			for range each {
+				req, _ := http.NewRequest("GET", base+"/v1/pets?limit=5", nil)
+				req.Header.Set("Authorization", "Bearer "+testKey)
+				resp, err := client.Do(req)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					failed.Add(1)
+					continue
+				}
+				answered.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("RLIMIT_NOFILE 128, %d clients on their own connections: %d requests answered 200, %d failed", clients, answered.Load(), failed.Load())
+	if failed.Load() != 0 || strings.Contains(stderr.String(), "too many open files") {
+		t.Errorf("%d requests failed at the descriptor limit; log:\n%s", failed.Load(), stderr)
+	}
+}
+
+// TestNoCommitBehindTheClientsBack holds the database's write lock from
+// another process for longer than the binary's write timeout: every
+// create is answered before the timeout cuts its connection, and no pet
+// is stored that was not answered 201.
+func TestNoCommitBehindTheClientsBack(t *testing.T) {
+	bin := buildBinary(t)
+	db := filepath.Join(t.TempDir(), "pets.db")
+	base, _ := runBinary(t, nil, bin, []string{"-db", db, "-write-timeout", "2s"}, io.Discard)
+
+	other, err := sql.Open("sqlite3", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	const creates = 20
+	var wg sync.WaitGroup
+	statuses := make([]int, creates)
+	errs := make([]error, creates)
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := range creates {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", base+"/v1/pets", strings.NewReader(fmt.Sprintf(`{"name":"Held %d","categoryId":1}`, i)))
+			req.Header.Set("Authorization", "Bearer "+testKey)
+			sent := time.Now()
+			resp, err := client.Do(req)
+			if err != nil {
+				errs[i] = fmt.Errorf("after %s: %w", time.Since(sent).Round(time.Millisecond), err)
+				return
+			}
+			resp.Body.Close()
+			statuses[i] = resp.StatusCode
+		}()
+	}
+	time.Sleep(4 * time.Second) // twice the write timeout
+	conn.ExecContext(context.Background(), "ROLLBACK")
+	conn.Close()
+	wg.Wait()
+	acked := 0
+	for i := range creates {
+		switch {
+		case errs[i] != nil:
+			t.Errorf("create %d was not answered: %v", i, errs[i])
+		case statuses[i] == 201:
+			acked++
+		case statuses[i] != 503:
+			t.Errorf("create %d: status %d, want 503 or 201", i, statuses[i])
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	var stored int
+	if err := other.QueryRow("SELECT count(*) FROM pets").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("write lock held 4 s, write timeout 2 s: %d creates, %d answered 201, %d answered 503, %d stored, %d stored but not answered 201",
+		creates, acked, creates-acked, stored, stored-acked)
+	if stored != acked {
+		t.Errorf("%d pets stored, %d answered 201", stored, acked)
+	}
+}
+
+// TestHostileBodies sends 1,000 concurrent creates of about 1 MiB each
+// with a valid key to the binary, and small creates meanwhile: each large
+// body is refused (400 for its long name, or 503 busy with Retry-After
+// while the body budget is full), never a 500 or a hang; every small
+// create is stored. The peak resident memory and the small creates'
+// slowest answer are logged (figures, not assertions).
+func TestHostileBodies(t *testing.T) {
+	bin := buildBinary(t)
+	logs := &syncBuffer{}
+	base, cmd := runBinary(t, nil, bin, []string{"-db", filepath.Join(t.TempDir(), "pets.db")}, logs)
+	big := `{"name":"` + strings.Repeat("x", 1<<20-64) + `","categoryId":1}`
+	const large = 1000
+	statuses := map[int]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	transport := &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: large}
+	client := &http.Client{Transport: transport, Timeout: 60 * time.Second}
+	for range large {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", base+"/v1/pets", strings.NewReader(big))
+			req.Header.Set("Authorization", "Bearer "+testKey)
+			status := -1
+			if resp, err := client.Do(req); err == nil {
+				if resp.StatusCode == 503 && resp.Header.Get("Retry-After") != "1" {
+					status = -2
+				} else {
+					status = resp.StatusCode
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			mu.Lock()
+			statuses[status]++
+			mu.Unlock()
+		}()
+	}
+	// Small creates while the large ones are in flight.
+	var slowest time.Duration
+	small := &http.Client{Timeout: 10 * time.Second}
+	for i := range 50 {
+		start := time.Now()
+		r, err := small.Do(func() *http.Request {
+			req, _ := http.NewRequest("POST", base+"/v1/pets", strings.NewReader(`{"name":"Small","categoryId":1}`))
+			req.Header.Set("Authorization", "Bearer "+testKey)
+			return req
+		}())
+		if err != nil {
+			t.Fatalf("small create %d: %v", i, err)
+		}
+		r.Body.Close()
+		if r.StatusCode != 201 {
+			t.Errorf("small create %d: status %d", i, r.StatusCode)
+		}
+		slowest = max(slowest, time.Since(start))
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	peak := regexp.MustCompile(`VmHWM:\s+(\d+) kB`).FindSubmatch(status)
+	// The service's own time for the small creates, from its access log:
+	// what is left of the client's wait is the two processes sharing the
+	// machine's cores.
+	var served time.Duration
+	for _, m := range regexp.MustCompile(`status=201 bytes=\d+ duration=(\S+)`).FindAllStringSubmatch(logs.String(), -1) {
+		if d, err := time.ParseDuration(m[1]); err == nil {
+			served = max(served, d)
+		}
+	}
+	t.Logf("%d concurrent ~1 MiB creates: answers %v; 50 small creates meanwhile, slowest %s at the client, %s in the service; peak RSS %s kB",
+		large, statuses, slowest.Round(time.Millisecond), served.Round(time.Millisecond), peak[1])
+	for s, n := range statuses {
+		if s != 400 && s != 503 {
+			t.Errorf("%d large creates answered %d (-1: no answer, -2: 503 without Retry-After: 1)", n, s)
+		}
 	}
 }

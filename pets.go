@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -242,6 +243,7 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
 // committed. With an Idempotency-Key, a retry of the same request gets the
 // same 201 again instead of a second pet.
 func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	if !isJSONContentType(r.Header.Get("Content-Type")) {
 		writeError(w, http.StatusUnsupportedMediaType, codeUnsupportedMediaType,
 			"send the body as JSON with the header Content-Type: application/json (curl: --json)")
@@ -252,16 +254,21 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeInvalidParameter, err.Error())
 		return
 	}
-	body, ok := readBody(w, r)
+	body, release, ok := s.readBody(w, r)
 	if !ok {
 		return
 	}
+	defer release()
 	np, err := decodeNewPet(body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, codeInvalidBody, err.Error())
 		return
 	}
-	p, replayed, err := s.store.createPet(r.Context(), createRequest{pet: np, idempotencyKey: key})
+	c := createRequest{pet: np, idempotencyKey: key}
+	if s.createWithin > 0 {
+		c.deadline = start.Add(s.createWithin)
+	}
+	p, replayed, err := s.store.createPet(r.Context(), c)
 	if errors.Is(err, errIdempotencyKeyReused) {
 		writeError(w, http.StatusUnprocessableEntity, codeIdempotencyKeyReused,
 			"this Idempotency-Key was already used for a different pet; use a new key for a new request")
@@ -353,27 +360,79 @@ func isJSONContentType(ct string) bool {
 }
 
 // readBody reads at most maxBodyBytes of the request body, answering 413
-// past that. ok is false when an answer has been written.
-func readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
+// past that. A body larger than smallBody first needs room in the body
+// budget, and gets 503 when there is none within a second; release gives
+// the room back once the body is no longer needed. ok is false when an
+// answer has been written.
+func (s *server) readBody(w http.ResponseWriter, r *http.Request) (body []byte, release func(), ok bool) {
+	release = func() {}
 	tooLarge := func() {
 		writeError(w, http.StatusRequestEntityTooLarge, codeBodyTooLarge,
 			fmt.Sprintf("request body is larger than %d bytes (1 MiB)", maxBodyBytes))
 	}
+	busy := func() {
+		// The body is read and thrown away through a small fixed buffer
+		// before the answer: closing a connection with unread data makes
+		// the kernel reset it, and the client loses the answer.
+		io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxBodyBytes))
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, codeUnavailable,
+			"busy: too many large request bodies are being received at once; retry shortly (bodies up to 8 KiB are not held up)")
+	}
 	if r.ContentLength > maxBodyBytes {
 		tooLarge()
-		return nil, false
+		return nil, release, false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	var tooBig *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooBig):
-		tooLarge()
-		return nil, false
-	case err != nil:
-		writeError(w, http.StatusBadRequest, codeInvalidBody, "could not read the request body")
-		return nil, false
+	// The body is read into a buffer of its announced size, or up to
+	// smallBody first when the size is not announced.
+	size := r.ContentLength
+	if size < 0 {
+		size = smallBody
 	}
-	return body, true
+	charged := int64(0)
+	charge := func(n int64) bool {
+		if n <= smallBody {
+			return true
+		}
+		cost := 2 * (n - charged) // the body and its decoding
+		if !s.bodies.acquire(r.Context(), cost) {
+			return false
+		}
+		charged += cost / 2
+		release = func() { s.bodies.release(2 * charged) }
+		return true
+	}
+	if !charge(size) {
+		busy()
+		return nil, release, false
+	}
+	body = make([]byte, 0, size+1)
+	src := http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	for {
+		if len(body) == cap(body) {
+			// An unannounced body larger than guessed: ask for room for
+			// the largest one allowed before reading on.
+			if !charge(maxBodyBytes) {
+				busy()
+				return nil, release, false
+			}
+			body = slices.Grow(body, maxBodyBytes+1-len(body))
+		}
+		n, err := src.Read(body[len(body):cap(body)])
+		body = body[:len(body)+n]
+		if err == io.EOF {
+			return body, release, true
+		}
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			tooLarge()
+			return nil, release, false
+		case err != nil:
+			writeError(w, http.StatusBadRequest, codeInvalidBody, "could not read the request body")
+			return nil, release, false
+		}
+	}
 }
 
 // decodeNewPet parses and validates a create body. It walks the object

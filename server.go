@@ -8,13 +8,16 @@ import (
 	_ "embed" // openapi.yaml
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math"
 	mathrand "math/rand/v2"
 	"net/http"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -24,6 +27,11 @@ type server struct {
 	keys        *keyRing
 	log         *slog.Logger
 	corsOrigins []string // exact origins allowed to call from a browser
+	// createWithin is how long a create may take before it must be
+	// answered (see createDeadline); 0: no bound.
+	createWithin time.Duration
+	limiter      *rateLimiter // nil: no rate limit
+	bodies       bodyBudget
 }
 
 // route is one operation the service serves.
@@ -52,9 +60,12 @@ func (s *server) routes() []route {
 // for everything else, inside the middleware every answer goes through.
 func newHandler(s *server) http.Handler {
 	mux := http.NewServeMux()
+	keyed := func(h http.Handler) http.Handler {
+		return requireAPIKey(s.keys, noteKeyID, s.limiter.limit(h))
+	}
 	wrap := func(r route, h http.Handler) http.Handler {
 		if !r.public {
-			h = requireAPIKey(s.keys, noteKeyID, h)
+			h = keyed(h)
 		}
 		if r.deprecated {
 			h = deprecated(h)
@@ -87,13 +98,14 @@ func newHandler(s *server) http.Handler {
 	}
 	// Everything under /v1 needs a key, even a path that does not exist;
 	// "/v1" itself is listed so the mux does not redirect it to "/v1/".
-	mux.Handle("/v1", requireAPIKey(s.keys, noteKeyID, http.HandlerFunc(notFound)))
-	mux.Handle("/v1/", requireAPIKey(s.keys, noteKeyID, http.HandlerFunc(notFound)))
+	mux.Handle("/v1", keyed(http.HandlerFunc(notFound)))
+	mux.Handle("/v1/", keyed(http.HandlerFunc(notFound)))
 	mux.HandleFunc("/", notFound)
 
 	// Built inside out; a request meets them in the order of this file:
 	// secureHeaders, logRequests, recoverPanics, cors, rejectUncleanPaths,
-	// the mux, then requireAPIKey and deprecated on the routes that want them.
+	// the mux, then requireAPIKey, the rate limit and deprecated on the
+	// routes that want them.
 	h := rejectUncleanPaths(mux)
 	h = cors(s.corsOrigins, mux, methods, h)
 	h = recoverPanics(s.log, h)
@@ -117,16 +129,17 @@ func secureHeaders(next http.Handler) http.Handler {
 // through: its id, and which key it used.
 type requestInfo struct {
 	id     string
-	keyID  [4]byte // the first 4 bytes of the key's SHA-256
-	hasKey bool    // a key was sent
+	key    keyDigest // the SHA-256 of the key sent
+	hasKey bool      // a key was sent
 }
 
-// keyIDString is the key id as the log shows it: 8 hex digits, or "".
+// keyIDString is the key id as the log shows it: the first 8 hex digits
+// of the key's digest, or "".
 func (info *requestInfo) keyIDString() string {
 	if !info.hasKey {
 		return ""
 	}
-	return hex.EncodeToString(info.keyID[:])
+	return hex.EncodeToString(info.key[:4])
 }
 
 type requestInfoKey struct{}
@@ -143,8 +156,7 @@ func lookupRequestInfo(ctx context.Context) (info *requestInfo, ok bool) {
 // apart, useless to recover one.
 func noteKeyID(r *http.Request, d keyDigest) {
 	info := requestInfoFrom(r.Context())
-	copy(info.keyID[:], d[:4])
-	info.hasKey = true
+	info.key, info.hasKey = d, true
 }
 
 // requestInfoFrom returns the request's info, or an empty one outside
@@ -300,6 +312,204 @@ func cors(origins []string, mux *http.ServeMux, methods map[string][]string, nex
 		h.Set("Access-Control-Expose-Headers", "Link, Location, X-Request-Id, Deprecation, Sunset, Idempotent-Replayed, WWW-Authenticate")
 		next.ServeHTTP(w, r)
 	})
+}
+
+// rateLimit is -rate-limit and -rate-burst: a token bucket per API key.
+type rateLimit struct {
+	perSecond float64 // 0: off
+	burst     int     // the bucket's size
+	window    int     // seconds for the burst to refill, for RateLimit-Policy
+}
+
+// parseRateLimit reads "N/s", "N/m" or "N/h" and an optional burst; ""
+// is off. The burst defaults to N: "100/m" lets a key send 100 at once,
+// then one every 0.6 s.
+func parseRateLimit(rate, burst string) (rateLimit, error) {
+	if rate == "" || rate == "off" {
+		if burst != "" {
+			return rateLimit{}, errors.New("-rate-burst (PETSTORE_RATE_BURST) needs -rate-limit (PETSTORE_RATE_LIMIT)")
+		}
+		return rateLimit{}, nil
+	}
+	count, unit, _ := strings.Cut(rate, "/")
+	n, err := strconv.Atoi(count)
+	seconds := map[string]int{"s": 1, "m": 60, "h": 3600}[unit]
+	if err != nil || n < 1 || seconds == 0 {
+		return rateLimit{}, fmt.Errorf("-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got %q", rate)
+	}
+	l := rateLimit{perSecond: float64(n) / float64(seconds), burst: n}
+	if burst != "" {
+		if l.burst, err = strconv.Atoi(burst); err != nil || l.burst < 1 {
+			return rateLimit{}, fmt.Errorf("-rate-burst (PETSTORE_RATE_BURST) must be a positive integer, got %q", burst)
+		}
+	}
+	l.window = int(math.Ceil(float64(l.burst) / l.perSecond))
+	return l, nil
+}
+
+// rateLimiter keeps one token bucket per API key, so one runaway script
+// cannot take all the capacity from the other clients. Buckets are keyed
+// by the key's digest, never its text, and only valid keys get one (a
+// wrong key is answered 401 before), so memory is bounded by the keys
+// configured; a bucket that has refilled is the same as none and is
+// dropped.
+type rateLimiter struct {
+	rate    rateLimit
+	policy  []string // the RateLimit-Policy value
+	mu      sync.Mutex
+	buckets map[keyDigest]*tokenBucket
+	takes   int
+}
+
+type tokenBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// newRateLimiter returns nil when the limit is off.
+func newRateLimiter(l rateLimit) *rateLimiter {
+	if l.perSecond == 0 {
+		return nil
+	}
+	return &rateLimiter{rate: l, buckets: map[keyDigest]*tokenBucket{},
+		policy: []string{fmt.Sprintf(`"per-key";q=%d;w=%d`, l.burst, l.window)}}
+}
+
+// take spends a token of the key's bucket. It returns whether the request
+// may go on, the tokens left, and the seconds until the bucket is full
+// (allowed) or holds a token again (refused).
+func (l *rateLimiter) take(key keyDigest, now time.Time) (ok bool, left int, wait int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	burst := float64(l.rate.burst)
+	if l.takes++; l.takes%1024 == 0 {
+		for k, b := range l.buckets {
+			if b.tokens+now.Sub(b.at).Seconds()*l.rate.perSecond >= burst {
+				delete(l.buckets, k)
+			}
+		}
+	}
+	b := l.buckets[key]
+	if b == nil {
+		b = &tokenBucket{tokens: burst, at: now}
+		l.buckets[key] = b
+	}
+	b.tokens = min(burst, b.tokens+now.Sub(b.at).Seconds()*l.rate.perSecond)
+	b.at = now
+	if b.tokens < 1 {
+		return false, 0, int(math.Ceil((1 - b.tokens) / l.rate.perSecond))
+	}
+	b.tokens--
+	return true, int(b.tokens), int(math.Ceil((burst - b.tokens) / l.rate.perSecond))
+}
+
+// limit answers 429 to a key over its rate, and marks every answer with
+// the IETF RateLimit-Policy and RateLimit fields
+// (draft-ietf-httpapi-ratelimit-headers). It runs after the key check, so
+// only valid keys are counted. A nil limiter lets everything through.
+func (l *rateLimiter) limit(next http.Handler) http.Handler {
+	if l == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ok, left, wait := l.take(requestInfoFrom(r.Context()).key, time.Now())
+		h := w.Header()
+		h["Ratelimit-Policy"] = l.policy
+		h["Ratelimit"] = []string{`"per-key";r=` + strconv.Itoa(left) + ";t=" + strconv.Itoa(wait)}
+		if !ok {
+			h["Retry-After"] = []string{strconv.Itoa(wait)}
+			writeError(w, http.StatusTooManyRequests, codeRateLimited,
+				fmt.Sprintf("rate limit of this API key exceeded (%d requests, refilled over %d s); retry after %d s", l.rate.burst, l.rate.window, wait))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// bodyBudget bounds the memory that request bodies hold at once, so a
+// flood of large bodies cannot take the process's memory: a body larger
+// than smallBody waits briefly, first come first served, for room, then
+// is refused with 503. Small bodies, which every real create is, need no
+// room and so are never held up by large ones.
+type bodyBudget struct {
+	mu      sync.Mutex
+	used    int64
+	waiters []*bodyWaiter // in arrival order
+}
+
+type bodyWaiter struct {
+	n     int64
+	ready chan struct{} // closed when the room is granted
+}
+
+const (
+	// bodyBudgetBytes is the room for large bodies in flight: each is
+	// charged twice its size, for the body and its decoding.
+	bodyBudgetBytes = 32 << 20
+	// smallBody is the largest body read without asking for room.
+	smallBody = 8 << 10
+	// bodyWait is how long a large body waits for room.
+	bodyWait = time.Second
+)
+
+// acquire reserves n bytes, waiting up to bodyWait; it reports whether it
+// did.
+func (b *bodyBudget) acquire(ctx context.Context, n int64) bool {
+	b.mu.Lock()
+	if len(b.waiters) == 0 && b.used+n <= bodyBudgetBytes {
+		b.used += n
+		b.mu.Unlock()
+		return true
+	}
+	w := &bodyWaiter{n: n, ready: make(chan struct{})}
+	b.waiters = append(b.waiters, w)
+	b.mu.Unlock()
+
+	timer := time.NewTimer(bodyWait)
+	defer timer.Stop()
+	select {
+	case <-w.ready:
+		return true
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-w.ready: // granted meanwhile: give it back
+		b.used -= n
+		b.grantLocked()
+	default:
+		b.waiters = slices.DeleteFunc(b.waiters, func(x *bodyWaiter) bool { return x == w })
+	}
+	return false
+}
+
+func (b *bodyBudget) release(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	b.grantLocked()
+	b.mu.Unlock()
+}
+
+// grantLocked gives room to the waiters at the head of the line, in
+// order, while it lasts.
+func (b *bodyBudget) grantLocked() {
+	for len(b.waiters) > 0 && b.used+b.waiters[0].n <= bodyBudgetBytes {
+		w := b.waiters[0]
+		b.waiters = b.waiters[1:]
+		b.used += w.n
+		close(w.ready)
+	}
+}
+
+// createDeadline is how long a create may take, from its handler's
+// start, before it must be answered: a margin inside the server's write
+// timeout, which cuts the connection. A create that cannot be committed
+// by then is refused with 503 and not stored, so a client never gets EOF
+// for a pet that was stored behind its back.
+func createDeadline(writeTimeout time.Duration) time.Duration {
+	return writeTimeout - min(2*time.Second, max(250*time.Millisecond, writeTimeout/4))
 }
 
 // rejectUncleanPaths answers 404 for paths with "//", "." or ".."

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -243,5 +245,103 @@ func TestCORS(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRateLimit: with -rate-limit, each API key has its own bucket; over
+// it, 429 rate_limited with Retry-After and the IETF RateLimit fields.
+// Health and the document are not limited, and wrong keys get 401, not a
+// bucket.
+func TestRateLimit(t *testing.T) {
+	store, err := openStore(filepath.Join(t.TempDir(), "pets.db"), storeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	digests, _ := parseAPIKeys(testKey + ",second-key")
+	limit, err := parseRateLimit("3/m", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limiter := newRateLimiter(limit)
+	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger(), limiter: limiter}))
+	defer srv.Close()
+
+	policy := `"per-key";q=3;w=60`
+	for _, want := range []string{`"per-key";r=2;t=20`, `"per-key";r=1;t=40`, `"per-key";r=0;t=60`} {
+		checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200,
+			map[string]string{"RateLimit-Policy": policy, "RateLimit": want}, `[]`)
+	}
+	for _, c := range []call{
+		{method: "GET", path: "/v1/pets"},
+		{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`},
+		{method: "GET", path: "/v1/pets/1"},
+		{method: "GET", path: "/v1/nowhere"},
+	} {
+		checkReply(t, do(t, srv, c), 429,
+			map[string]string{"Retry-After": "20", "RateLimit-Policy": policy, "RateLimit": `"per-key";r=0;t=20`},
+			errBody(429, codeRateLimited, "rate limit of this API key exceeded (3 requests, refilled over 60 s); retry after 20 s"))
+	}
+	// Another key has its own bucket.
+	other := map[string]string{"Authorization": "Bearer second-key"}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets", header: other}), 200,
+		map[string]string{"RateLimit": `"per-key";r=2;t=20`}, `[]`)
+	// Not limited: health, the document, and wrong or missing keys.
+	for range 10 {
+		if r := do(t, srv, call{method: "GET", path: "/healthz"}); r.status != 200 || r.header.Get("RateLimit") != "" {
+			t.Fatalf("healthz: %d, RateLimit %q", r.status, r.header.Get("RateLimit"))
+		}
+		if r := do(t, srv, call{method: "GET", path: "/openapi.yaml"}); r.status != 200 || r.header.Get("RateLimit") != "" {
+			t.Fatalf("openapi.yaml: %d, RateLimit %q", r.status, r.header.Get("RateLimit"))
+		}
+	}
+	for i := range 1000 {
+		r := do(t, srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": fmt.Sprintf("Bearer wrong-%d", i)}})
+		if r.status != 401 || r.header.Get("RateLimit") != "" {
+			t.Fatalf("wrong key: %d, RateLimit %q", r.status, r.header.Get("RateLimit"))
+		}
+	}
+	limiter.mu.Lock()
+	buckets := len(limiter.buckets)
+	limiter.mu.Unlock()
+	if buckets != 2 {
+		t.Errorf("%d buckets after 1000 wrong keys, want 2 (one per valid key used)", buckets)
+	}
+	// The bucket refills at the rate: a minute's quota of 3 is one token
+	// every 20 s.
+	ok, left, wait := limiter.take(sha256Sum(testKey), time.Now().Add(20*time.Second))
+	if !ok || left != 0 || wait != 60 {
+		t.Errorf("20 s later: ok %v, left %d, wait %d; want true, 0, 60", ok, left, wait)
+	}
+}
+
+// TestParseRateLimit holds the flag's forms and messages.
+func TestParseRateLimit(t *testing.T) {
+	for _, tc := range []struct {
+		rate, burst string
+		want        rateLimit
+		err         string
+	}{
+		{"", "", rateLimit{}, ""},
+		{"50/s", "", rateLimit{perSecond: 50, burst: 50, window: 1}, ""},
+		{"50/s", "200", rateLimit{perSecond: 50, burst: 200, window: 4}, ""},
+		{"3000/m", "", rateLimit{perSecond: 50, burst: 3000, window: 60}, ""},
+		{"3600/h", "10", rateLimit{perSecond: 1, burst: 10, window: 10}, ""},
+		{"50", "", rateLimit{}, `-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got "50"`},
+		{"0/s", "", rateLimit{}, `-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got "0/s"`},
+		{"5/d", "", rateLimit{}, `-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got "5/d"`},
+		{"5/s", "0", rateLimit{}, `-rate-burst (PETSTORE_RATE_BURST) must be a positive integer, got "0"`},
+		{"", "5", rateLimit{}, `-rate-burst (PETSTORE_RATE_BURST) needs -rate-limit (PETSTORE_RATE_LIMIT)`},
+	} {
+		got, err := parseRateLimit(tc.rate, tc.burst)
+		if tc.err != "" {
+			if err == nil || err.Error() != tc.err {
+				t.Errorf("parseRateLimit(%q, %q) = %v, want error %q", tc.rate, tc.burst, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("parseRateLimit(%q, %q) = %+v, %v; want %+v", tc.rate, tc.burst, got, err, tc.want)
+		}
 	}
 }

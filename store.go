@@ -124,6 +124,10 @@ type petStore struct {
 // errClosed is returned for writes after close.
 var errClosed = errors.New("store is closed")
 
+// errTimedOut refuses a create whose commit could not begin before its
+// deadline; it was not stored.
+var errTimedOut = &storageError{kind: faultTimedOut, err: errors.New("the create's deadline passed before its commit began")}
+
 // sqliteDriver is go-sqlite3 with every connection set to keep the -wal
 // and -shm files when it closes (the WAL emptied). SQLite deletes them on
 // a clean close by default, and then a restart on a full disk fails: a
@@ -220,10 +224,7 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 		file.close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	// More readers than cores: a request waiting for a free connection
-	// parks and wakes a goroutine, which costs more than an idle
-	// connection's few pages of cache.
-	n := max(8, 4*runtime.GOMAXPROCS(0))
+	n := readerConns()
 	readers.SetMaxOpenConns(n)
 	readers.SetMaxIdleConns(n)
 
@@ -254,6 +255,9 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 			return fail(err)
 		}
 	}
+	if err := openAll(readers, n); err != nil {
+		return fail(err)
+	}
 	w, err := newBatchWriter(writer)
 	if err != nil {
 		return fail(err)
@@ -261,6 +265,37 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	go s.writeLoop(w)
 	go s.quickCheck()
 	return s, nil
+}
+
+// readerConns is the size of the reader pool. More readers than cores: a
+// request waiting for a free connection parks and wakes a goroutine,
+// which costs more than an idle connection's few pages of cache.
+func readerConns() int { return max(8, 4*runtime.GOMAXPROCS(0)) }
+
+// openAll opens all n connections of a pool at start, and keeps them
+// (database/sql closes idle ones only past SetMaxIdleConns, which is n):
+// a pool that opened connections on demand would fail requests once the
+// process had run out of descriptors.
+func openAll(db *sql.DB, n int) error {
+	conns := make([]*sql.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range cap(conns) {
+		c, err := db.Conn(context.Background())
+		if err != nil {
+			return err
+		}
+		// A read opens the -wal file too, which a connection keeps.
+		var n int
+		if err := c.QueryRowContext(context.Background(), "SELECT count(*) FROM sqlite_schema").Scan(&n); err != nil {
+			return err
+		}
+		conns = append(conns, c)
+	}
+	return nil
 }
 
 // inspect reads whose file this is and whether a migration is due. A
@@ -528,6 +563,9 @@ func (s *petStore) readError(err error) error {
 type createRequest struct {
 	pet            NewPet
 	idempotencyKey string // "" when the client sent none
+	// deadline is when the client must have its answer; a create whose
+	// commit has not begun by then is not stored. Zero: none.
+	deadline time.Time
 }
 
 // fingerprint identifies what a create asks for, after defaults: two
@@ -546,7 +584,17 @@ type writeRequest struct {
 	ctx  context.Context
 	req  createRequest
 	done chan writeResult // buffered: the loop never blocks on it
+	// state settles a race at the deadline: the writer takes a request
+	// (pending to taken) before its transaction begins, or the waiting
+	// handler gives it up (pending to abandoned), never both.
+	state atomic.Int32
 }
+
+const (
+	requestPending int32 = iota
+	requestTaken
+	requestAbandoned
+)
 
 // writeResult is the writer loop's answer to one writeRequest.
 type writeResult struct {
@@ -569,14 +617,46 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 	select {
 	case s.writes <- w:
 		s.mu.RUnlock()
-	case <-ctx.Done():
-		s.mu.RUnlock()
-		return Pet{}, false, ctx.Err()
+	default:
+		// The queue is full: wait, but not past the deadline.
+		var expired <-chan time.Time
+		if !c.deadline.IsZero() {
+			timer := time.NewTimer(time.Until(c.deadline))
+			defer timer.Stop()
+			expired = timer.C
+		}
+		select {
+		case s.writes <- w:
+			s.mu.RUnlock()
+		case <-ctx.Done():
+			s.mu.RUnlock()
+			return Pet{}, false, ctx.Err()
+		case <-expired:
+			s.mu.RUnlock()
+			return Pet{}, false, errTimedOut
+		}
 	}
 	// Once queued, wait for the outcome even if the client has gone: the
-	// row may be committed, and the answer must say what happened.
-	r := <-w.done
-	return r.pet, r.replayed, r.err
+	// row may be committed, and the answer must say what happened. At the
+	// deadline, a create the writer has not taken yet is given up, and so
+	// never stored; one it has taken is answered within the deadline
+	// (its lock wait is bounded by it) or, if its commit is slow, late.
+	var expired <-chan time.Time
+	if !c.deadline.IsZero() {
+		timer := time.NewTimer(time.Until(c.deadline))
+		defer timer.Stop()
+		expired = timer.C
+	}
+	select {
+	case r := <-w.done:
+		return r.pet, r.replayed, r.err
+	case <-expired:
+		if w.state.CompareAndSwap(requestPending, requestAbandoned) {
+			return Pet{}, false, errTimedOut
+		}
+		r := <-w.done
+		return r.pet, r.replayed, r.err
+	}
 }
 
 // writeLoop owns the writer connection. It takes whatever creates are
@@ -715,12 +795,17 @@ func (s *petStore) probeWrite(w **batchWriter) error {
 			*w = fresh
 		}
 	}
+	// A probe does not wait for a lock another process holds: that would
+	// hold up the creates queued behind it.
+	ctx := context.Background()
+	(*w).conn.ExecContext(ctx, "PRAGMA busy_timeout = 0")
 	s.commitStart.Store(time.Now().UnixNano())
-	err := (*w).inTx(context.Background(), func() error {
-		_, err := (*w).conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA user_version = %d", len(migrations)))
+	err := (*w).inTx(ctx, func() error {
+		_, err := (*w).conn.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", len(migrations)))
 		return err
 	})
 	s.commitStart.Store(0)
+	(*w).conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
 	if err != nil {
 		kind, ok := s.classify(err)
 		if !ok {
@@ -818,8 +903,33 @@ func (w *batchWriter) checkWAL(walPath string, limit int64) {
 func (w *batchWriter) commit(batch []*writeRequest) ([]writeResult, error) {
 	ctx := context.Background()
 	results := make([]writeResult, len(batch))
+	now := time.Now()
+	// No lock wait may outlast the soonest deadline in the batch: a create
+	// answered after its client's write timeout would be stored behind
+	// the client's back.
+	wait := time.Duration(busyTimeoutMillis) * time.Millisecond
+	for i, r := range batch {
+		if !r.state.CompareAndSwap(requestPending, requestTaken) {
+			results[i].err = errTimedOut // its handler gave up: not stored
+			continue
+		}
+		if d := r.req.deadline; !d.IsZero() {
+			if !d.After(now) {
+				results[i].err = errTimedOut
+				continue
+			}
+			wait = min(wait, d.Sub(now))
+		}
+	}
+	if wait < time.Duration(busyTimeoutMillis)*time.Millisecond {
+		w.conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", wait.Milliseconds()))
+		defer w.conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
+	}
 	err := w.inTx(ctx, func() error {
 		for i, r := range batch {
+			if results[i].err != nil {
+				continue // past its deadline: not stored
+			}
 			if err := r.ctx.Err(); err != nil {
 				results[i].err = err // gone before its turn: not stored
 				continue
