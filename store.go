@@ -103,13 +103,24 @@ type petStore struct {
 	commitStart atomic.Int64
 	// pinging is set while a health check's read runs.
 	pinging atomic.Bool
+	// viewFailedAt is when the view last failed to load (writer only).
+	viewFailedAt time.Time
 	// probes asks the writer loop for a write that changes nothing, to
 	// learn whether a pet can be stored.
 	probes chan chan error
 
+	// view answers lists and gets from memory once it is loaded; until
+	// then, and while it is rebuilt, they are read from SQLite.
+	view view
+
 	// Prepared once; database/sql prepares them again on each pooled
-	// reader connection the first time it runs them there.
-	getStmt, listStmt, listByStatusStmt *sql.Stmt
+	// reader connection the first time it runs them there. Nothing in
+	// them depends on a bound value for its plan: a bound LIMIT or status
+	// would make SQLite re-prepare the statement on every query, since
+	// the driver clears the bindings each time. So the page is cut in Go,
+	// and each status has its own statement.
+	getStmt, listStmt *sql.Stmt
+	listByStatusStmts [3]*sql.Stmt
 
 	// writes feeds the group-commit loop. mu guards closing it: senders
 	// hold it shared, close holds it exclusively.
@@ -248,8 +259,10 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 		sql  string
 	}{
 		{&s.getStmt, "SELECT id, name, category_id, status FROM pets WHERE id = ?"},
-		{&s.listStmt, "SELECT id, name, category_id, status FROM pets WHERE id > ? ORDER BY id LIMIT ?"},
-		{&s.listByStatusStmt, "SELECT id, name, category_id, status FROM pets WHERE status = ? AND id > ? ORDER BY id LIMIT ?"},
+		{&s.listStmt, "SELECT id, name, category_id, status FROM pets WHERE id > ? ORDER BY id"},
+		{&s.listByStatusStmts[0], "SELECT id, name, category_id, status FROM pets WHERE status = 'available' AND id > ? ORDER BY id"},
+		{&s.listByStatusStmts[1], "SELECT id, name, category_id, status FROM pets WHERE status = 'pending' AND id > ? ORDER BY id"},
+		{&s.listByStatusStmts[2], "SELECT id, name, category_id, status FROM pets WHERE status = 'sold' AND id > ? ORDER BY id"},
 	} {
 		if *p.stmt, err = readers.Prepare(p.sql); err != nil {
 			return fail(err)
@@ -413,6 +426,7 @@ func (s *petStore) close() error {
 		close(s.writes)
 		s.mu.Unlock()
 		<-s.loopDone
+		s.view.published.Store(nil) // a closed store answers nothing
 		// The lock's descriptor goes last: closing it releases SQLite's
 		// POSIX locks on the file too.
 		s.closeErr = errors.Join(s.readers.Close(), s.writer.Close())
@@ -668,8 +682,14 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 func (s *petStore) writeLoop(w *batchWriter) {
 	defer close(s.loopDone)
 	defer func() { w.close() }()
+	// The view is loaded here, by the writer, so that no commit can fall
+	// between reading the table and extending the view. Reads go to
+	// SQLite until it is ready, so a large file answers at once.
+	s.loadView(w)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	watch := time.NewTicker(externalWriteCheck)
+	defer watch.Stop()
 	batch := make([]*writeRequest, 0, maxBatch)
 	for {
 		select {
@@ -693,6 +713,10 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			s.commit(w, batch)
 		case done := <-s.probes:
 			done <- s.probeWrite(&w)
+		case <-watch.C:
+			if w.externalWrite() || s.view.master == nil && s.viewRetry() {
+				s.loadView(w)
+			}
 		case <-tick.C:
 			if s.faults.current() != nil || s.replaced.Load() != nil {
 				s.probeWrite(&w)
@@ -700,6 +724,35 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			w.checkWAL(s.file.path+"-wal", s.opts.walLimit)
 		}
 	}
+}
+
+// externalWriteCheck is how often the writer asks SQLite whether another
+// process wrote to the file, to rebuild the view.
+const externalWriteCheck = 250 * time.Millisecond
+
+// loadView (re)builds the in-memory view from the file. If it cannot be
+// built, reads are served from SQLite, and it is tried again later.
+func (s *petStore) loadView(w *batchWriter) {
+	start := time.Now()
+	if err := s.view.load(context.Background(), w.conn); err != nil {
+		s.viewFailedAt = time.Now()
+		if kind, ok := s.classify(err); ok && kind == faultDamaged {
+			s.markDamaged(err.Error())
+		}
+		s.log.Warn("lists and gets are read from SQLite: the in-memory view could not be loaded", "err", err.Error(), "db", s.file.path)
+		return
+	}
+	w.externalWrite() // what was loaded is the state seen
+	c := s.view.published.Load()
+	s.view.limitMemory()
+	s.log.Info("in-memory view loaded", "pets", len(c.ids), "bytes", c.bytes(),
+		"took", time.Since(start).Round(time.Millisecond).String())
+}
+
+// viewRetry reports whether a view that failed to load should be tried
+// again: not more often than every 10 s.
+func (s *petStore) viewRetry() bool {
+	return time.Since(s.viewFailedAt) > 10*time.Second
 }
 
 // commit stores a batch and answers every request in it. Before and after
@@ -735,6 +788,17 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 			return
 		}
 		s.faults.succeeded()
+		// The view learns of the new pets before their clients do, so a
+		// client reads its own writes.
+		added := make([]Pet, 0, len(batch))
+		for _, r := range results {
+			if r.err == nil && !r.replayed {
+				added = append(added, r.pet)
+			}
+		}
+		if !s.view.add(added) && s.viewRetry() {
+			s.loadView(w)
+		}
 		for i, r := range batch {
 			r.done <- results[i]
 		}
@@ -824,7 +888,8 @@ func (s *petStore) probeWrite(w **batchWriter) error {
 type batchWriter struct {
 	conn            *sql.Conn
 	findKey, insert *sql.Stmt
-	walEmptied      bool // after the file was replaced
+	walEmptied      bool  // after the file was replaced
+	dataVersion     int64 // PRAGMA data_version when last asked
 }
 
 func newBatchWriter(db *sql.DB) (*batchWriter, error) {
@@ -858,6 +923,20 @@ func (w *batchWriter) close() {
 	w.findKey.Close()
 	w.insert.Close()
 	w.conn.Close()
+}
+
+// externalWrite reports whether another connection has committed to the
+// file since the last call. PRAGMA data_version on the writer's own
+// connection changes only for commits made by others: an operator's
+// sqlite3 shell, a restore, another process.
+func (w *batchWriter) externalWrite() bool {
+	var v int64
+	if err := w.conn.QueryRowContext(context.Background(), "PRAGMA data_version").Scan(&v); err != nil {
+		return false
+	}
+	changed := w.dataVersion != 0 && v != w.dataVersion
+	w.dataVersion = v
+	return changed
 }
 
 // reopen replaces the writer connection with a new one, and discards
@@ -1012,11 +1091,22 @@ func (r *petRow) pet() Pet {
 
 // getPet calls fn with the pet with the given id, or returns errNotFound.
 func (s *petStore) getPet(ctx context.Context, id int64, fn func(*petRow)) error {
+	if c := s.view.published.Load(); c != nil {
+		if !c.get(id, fn) {
+			return errNotFound
+		}
+		return nil
+	}
+	return s.getPetFromSQLite(ctx, id, fn)
+}
+
+// getPetFromSQLite is getPet read from the file.
+func (s *petStore) getPetFromSQLite(ctx context.Context, id int64, fn func(*petRow)) error {
 	rows, err := s.getStmt.QueryContext(boundedRead(ctx), id)
 	if err != nil {
 		return s.readError(err)
 	}
-	n, err := scanRows(rows, fn)
+	n, err := scanRows(rows, 1, fn)
 	if err == nil && n == 0 {
 		return errNotFound
 	}
@@ -1033,18 +1123,24 @@ type petFilter struct {
 
 // listPets calls fn with each pet of the page that f selects, in order.
 func (s *petStore) listPets(ctx context.Context, f petFilter, fn func(*petRow)) error {
-	var rows *sql.Rows
-	var err error
-	ctx = boundedRead(ctx)
-	if f.status == "" {
-		rows, err = s.listStmt.QueryContext(ctx, f.after, f.limit)
-	} else {
-		rows, err = s.listByStatusStmt.QueryContext(ctx, f.status, f.after, f.limit)
+	if c := s.view.published.Load(); c != nil {
+		c.list(f, fn)
+		return nil
 	}
+	return s.listPetsFromSQLite(ctx, f, fn)
+}
+
+// listPetsFromSQLite is listPets read from the file.
+func (s *petStore) listPetsFromSQLite(ctx context.Context, f petFilter, fn func(*petRow)) error {
+	stmt := s.listStmt
+	if f.status != "" {
+		stmt = s.listByStatusStmts[statusIndex(f.status)]
+	}
+	rows, err := stmt.QueryContext(boundedRead(ctx), f.after)
 	if err != nil {
 		return s.readError(err)
 	}
-	_, err = scanRows(rows, fn)
+	_, err = scanRows(rows, f.limit, fn)
 	return s.readError(err)
 }
 
@@ -1057,13 +1153,13 @@ func boundedRead(ctx context.Context) context.Context {
 	return context.WithoutCancel(ctx)
 }
 
-// scanRows calls fn with each row and closes rows; it returns how many
-// rows there were.
-func scanRows(rows *sql.Rows, fn func(*petRow)) (int, error) {
+// scanRows calls fn with each row, up to limit of them, and closes rows;
+// it returns how many rows there were.
+func scanRows(rows *sql.Rows, limit int, fn func(*petRow)) (int, error) {
 	defer rows.Close()
 	var r petRow
 	n := 0
-	for rows.Next() {
+	for n < limit && rows.Next() {
 		if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
 			return n, err
 		}
