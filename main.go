@@ -16,7 +16,10 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"regexp"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -543,28 +546,100 @@ func reloadKeysOnHUP(ctx context.Context, hup <-chan os.Signal, src keySource, k
 	}
 }
 
-// runBackup is "petstore backup [-db FILE] BACKUP-FILE".
+// runBackup is "petstore backup [-db FILE] BACKUP-FILE", or, for
+// scheduled snapshots, "petstore backup [-db FILE] -dir DIR [-keep N]".
 func runBackup(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	const usage = "petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"
 	fs := newFlagSet("petstore backup")
-	var db string
+	var db, dir string
+	var keep int
 	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database file to back up")
+	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this directory instead of BACKUP-FILE")
+	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep, the newest; older ones this command wrote are deleted")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stdout, "Usage: petstore backup [-db FILE] BACKUP-FILE\n\nWrites a consistent copy of the database, also while the service runs.")
+			fmt.Fprintf(stdout, "Usage: %s\n\nWrites a consistent copy of the database, also while the service runs.\n\nFlags:\n", usage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
 			return nil
 		}
 		return fmt.Errorf("backup: %w", err)
 	}
-	if fs.NArg() != 1 {
-		return errors.New("backup: name one backup file: petstore backup [-db FILE] BACKUP-FILE")
+	if dir == "" {
+		if fs.NArg() != 1 {
+			return errors.New("backup: name one backup file, or -dir: " + usage)
+		}
+		dst := fs.Arg(0)
+		pets, err := backupDatabase(ctx, db, dst)
+		if err != nil {
+			return fmt.Errorf("backup: %w", err)
+		}
+		fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, dst, pets)
+		return nil
 	}
-	dst := fs.Arg(0)
+	if fs.NArg() != 0 {
+		return errors.New("backup: with -dir, name no backup file: " + usage)
+	}
+	if keep < 1 {
+		return fmt.Errorf("backup: -keep must be at least 1, got %d", keep)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	dst := filepath.Join(dir, snapshotName(time.Now()))
 	pets, err := backupDatabase(ctx, db, dst)
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, dst, pets)
+	removed, err := pruneSnapshots(dir, keep, filepath.Base(dst))
+	for _, name := range removed {
+		fmt.Fprintf(stdout, "deleted the older snapshot %s\n", filepath.Join(dir, name))
+	}
+	if err != nil {
+		return fmt.Errorf("backup: the snapshot was written, but older ones were not all deleted: %w", err)
+	}
 	return nil
+}
+
+// snapshotPattern matches the names of the snapshots that -dir writes,
+// and only those: retention never touches another file.
+var snapshotPattern = regexp.MustCompile(`^petstore-\d{8}T\d{6}Z\.db$`)
+
+// snapshotName is a snapshot's file name: its UTC time, so that names
+// sort in time order.
+func snapshotName(t time.Time) string {
+	return "petstore-" + t.UTC().Format("20060102T150405Z") + ".db"
+}
+
+// pruneSnapshots deletes the oldest snapshots in dir beyond the newest
+// keep, never the one just written and never a file whose name is not a
+// snapshot's. It returns the names it deleted.
+func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && snapshotPattern.MatchString(e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
+	slices.Sort(names)
+	var removed []string
+	for len(names) > keep {
+		name := names[0]
+		names = names[1:]
+		if name == justWritten {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			return removed, err
+		}
+		removed = append(removed, name)
+	}
+	return removed, nil
 }
 
 // runKeygen is "petstore keygen": a new key for the client, and the line

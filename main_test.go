@@ -590,10 +590,27 @@ func TestSystemdUnit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "petstore.service")
-	os.WriteFile(path, bytes.ReplaceAll(unit, []byte("/usr/local/bin/petstore"), []byte(self)), 0o644)
-	if out, err := exec.Command(analyze, "verify", path).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
+	// All the units ship together: the service, Litestream beside it, and
+	// the daily snapshot with its timer.
+	dir := t.TempDir()
+	var paths []string
+	for _, name := range []string{"petstore.service", "petstore-litestream.service", "petstore-backup.service", "petstore-backup.timer"} {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = bytes.ReplaceAll(b, []byte("/usr/local/bin/petstore"), []byte(self))
+		b = bytes.ReplaceAll(b, []byte("/usr/local/bin/litestream"), []byte(self))
+		path := filepath.Join(dir, name)
+		os.WriteFile(path, b, 0o644)
+		paths = append(paths, path)
+	}
+	if out, err := exec.Command(analyze, append([]string{"verify"}, paths...)...).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+	backup, _ := os.ReadFile("petstore-backup.service")
+	if !strings.Contains(string(backup), "ExecStart=/usr/local/bin/petstore backup -db /var/lib/petstore/petstore.db -dir /var/backups/petstore/snapshots -keep 14\n") {
+		t.Error("petstore-backup.service does not run the snapshot with retention")
 	}
 }
 
@@ -895,6 +912,78 @@ func TestHostileBodies(t *testing.T) {
 	for s, n := range statuses {
 		if s != 400 && s != 503 {
 			t.Errorf("%d large creates answered %d (-1: no answer, -2: 503 without Retry-After: 1)", n, s)
+		}
+	}
+}
+
+// TestBackupSnapshots: backup -dir writes a timestamped snapshot and keeps
+// the newest N. It never deletes the snapshot just written, nor a file it
+// did not write.
+func TestBackupSnapshots(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "pets.db")
+	preloadPets(t, db, 10)
+	dir := filepath.Join(t.TempDir(), "snapshots")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// Older snapshots, and files that are not snapshots.
+	others := []string{"notes.txt", "petstore-old.db", "petstore-20200101T000000Z.db.partial", "mine.db"}
+	old := []string{"petstore-20200101T000000Z.db", "petstore-20200102T000000Z.db", "petstore-20200103T000000Z.db"}
+	for _, name := range append(slices.Clone(others), old...) {
+		os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600)
+	}
+	env := func(string) string { return "" }
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"petstore", "backup", "-db", db, "-dir", dir, "-keep", "2"}, env, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	written := regexp.MustCompile(`to (\S+): 10 pets, integrity ok`).FindStringSubmatch(out.String())
+	if written == nil {
+		t.Fatalf("backup said %q", out.String())
+	}
+	if n, err := checkBackup(context.Background(), written[1]); err != nil || n != 10 {
+		t.Errorf("the snapshot %s: %d pets, %v", written[1], n, err)
+	}
+	want := append(slices.Clone(others), "petstore-20200103T000000Z.db", filepath.Base(written[1]))
+	var got []string
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	slices.Sort(want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("files after -keep 2 (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(out.String(), "deleted the older snapshot "+filepath.Join(dir, "petstore-20200101T000000Z.db")+"\n") {
+		t.Errorf("backup did not say what it deleted: %q", out.String())
+	}
+
+	// -keep 1 keeps the snapshot just written, even when the clock went
+	// back and it sorts before the others.
+	future := "petstore-29990101T000000Z.db"
+	os.WriteFile(filepath.Join(dir, future), []byte("x"), 0o600)
+	removed, err := pruneSnapshots(dir, 1, filepath.Base(written[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(written[1]); err != nil {
+		t.Errorf("the snapshot just written was deleted (removed %v)", removed)
+	}
+	for _, name := range others {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("%s, not a snapshot, was deleted", name)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"-dir", dir, "-keep", "0"}, "backup: -keep must be at least 1, got 0"},
+		{[]string{"-dir", dir, "extra.db"}, "backup: with -dir, name no backup file: petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"},
+	} {
+		err := run(context.Background(), append([]string{"petstore", "backup", "-db", db}, c.args...), env, io.Discard, io.Discard)
+		if err == nil || err.Error() != c.err {
+			t.Errorf("backup %v: %v, want %q", c.args, err, c.err)
 		}
 	}
 }
