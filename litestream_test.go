@@ -213,6 +213,18 @@ func TestLitestreamReplica(t *testing.T) {
 		totalMissing := 0
 		for kill := range 5 {
 			r := startReplicated(t, bin, ls, 2*time.Second+time.Duration(kill)*300*time.Millisecond, true)
+			// The crash test with Litestream attached: the local file,
+			// reopened by a new service, holds every acknowledged pet.
+			local, err := openStore(r.db, storeOptions{})
+			if err != nil {
+				t.Fatalf("kill %d: reopen the local file: %v", kill+1, err)
+			}
+			for id, want := range r.acked {
+				if got, err := storedPet(local, id); err != nil || got != want {
+					t.Errorf("kill %d: acknowledged pet %d on the local file: %+v %v", kill+1, id, got, err)
+				}
+			}
+			local.close()
 			_, pets := r.restore(t, ls)
 			var missing []int64
 			maxRestored := int64(0)
