@@ -117,6 +117,10 @@ func startReplicated(t *testing.T, bin, ls string, d time.Duration, kill bool) *
 		r.petstore.Process.Signal(syscall.SIGKILL)
 		r.litestream.Process.Signal(syscall.SIGKILL)
 		r.stoppedAt = time.Now()
+		// Gone only once reaped: until then the killed service still holds
+		// its lock on the file.
+		r.petstore.Wait()
+		r.litestream.Wait()
 	}
 	close(stop)
 	wg.Wait()

@@ -46,8 +46,10 @@ type route struct {
 // exactly these (a test holds the two together).
 func (s *server) routes() []route {
 	return []route{
+		{method: "GET", path: "/", handler: serveIndex, public: true},
 		{method: "GET", path: "/healthz", handler: s.health, public: true},
 		{method: "GET", path: "/openapi.yaml", handler: serveOpenAPI, public: true},
+		{method: "GET", path: "/openapi.json", handler: serveOpenAPIJSON, public: true},
 		{method: "GET", path: "/v1/pets", handler: s.listPets},
 		{method: "POST", path: "/v1/pets", handler: s.createPet},
 		{method: "GET", path: "/v1/pets/{petId}", handler: s.getPet, deprecated: true},
@@ -76,12 +78,13 @@ func newHandler(s *server) http.Handler {
 	methods := map[string][]string{}
 	first := map[string]route{}
 	for _, r := range s.routes() {
-		mux.Handle(r.method+" "+r.path, wrap(r, r.handler))
-		if _, seen := methods[r.path]; !seen {
-			paths = append(paths, r.path)
-			first[r.path] = r
+		p := muxPath(r.path)
+		mux.Handle(r.method+" "+p, wrap(r, r.handler))
+		if _, seen := methods[p]; !seen {
+			paths = append(paths, p)
+			first[p] = r
 		}
-		methods[r.path] = append(methods[r.path], r.method)
+		methods[p] = append(methods[p], r.method)
 	}
 	// Method-less patterns catch the other methods on known paths, so they
 	// get a JSON 405 rather than the mux's plain-text one. A GET route
@@ -111,6 +114,15 @@ func newHandler(s *server) http.Handler {
 	h = recoverPanics(s.log, h)
 	h = logRequests(s.log, h)
 	return secureHeaders(h)
+}
+
+// muxPath is a route's path as a mux pattern: "/" alone would match every
+// path, "/{$}" matches only the root.
+func muxPath(path string) string {
+	if path == "/" {
+		return "/{$}"
+	}
+	return path
 }
 
 // secureHeaders marks every answer as not to be cached (it is one
@@ -562,6 +574,16 @@ func methodNotAllowed(allow string) http.HandlerFunc {
 	}
 }
 
+// indexBody is what GET / answers: where the API, its document and the
+// health check are, relative so they stay right behind any proxy.
+var indexBody = []byte(`{"name":"petstore","description":"A store's catalogue of animals: list, add and get pets under /v1 with a bearer API key.",` +
+	`"links":{"pets":"/v1/pets","openapi":"/openapi.yaml","openapiJson":"/openapi.json","health":"/healthz"}}` + "\n")
+
+// serveIndex answers GET / without a key, pointing the way.
+func serveIndex(w http.ResponseWriter, r *http.Request) {
+	writeBody(w, http.StatusOK, indexBody)
+}
+
 // health answers 200 only while the service can both read and store a
 // pet, and otherwise 503 naming the failing check, for load balancers,
 // monitors and systemd; it needs no key. The store logs each fault once.
@@ -579,19 +601,4 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		Status string `json:"status"`
 	}{"ok"})
-}
-
-// openapiDocument is openapi.yaml, built into the binary so the running
-// service describes itself.
-//
-//go:embed openapi.yaml
-var openapiDocument []byte
-
-// serveOpenAPI answers GET /openapi.yaml without a key, for documentation
-// platforms and client generators.
-func serveOpenAPI(w http.ResponseWriter, r *http.Request) {
-	h := w.Header()
-	h["Content-Type"] = []string{"application/yaml"} // RFC 9512
-	h["Content-Length"] = []string{strconv.Itoa(len(openapiDocument))}
-	w.Write(openapiDocument)
 }

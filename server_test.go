@@ -27,7 +27,12 @@ func TestRouting(t *testing.T) {
 		want   string
 	}{
 		{"unknown path", call{method: "GET", path: "/nothing"}, 404, nil, errBody(404, codeNotFound, "no such resource: /nothing")},
-		{"root", call{method: "GET", path: "/"}, 404, nil, errBody(404, codeNotFound, "no such resource: /")},
+		{"root points the way", call{method: "GET", path: "/", header: map[string]string{"Authorization": ""}}, 200, nil,
+			`{"name":"petstore","description":"A store's catalogue of animals: list, add and get pets under /v1 with a bearer API key.",` +
+				`"links":{"pets":"/v1/pets","openapi":"/openapi.yaml","openapiJson":"/openapi.json","health":"/healthz"}}`},
+		{"root with another method", call{method: "POST", path: "/", body: "{}"}, 405, map[string]string{"Allow": "GET, HEAD"},
+			errBody(405, codeMethodNotAllowed, "method POST is not allowed on /; allowed: GET, HEAD")},
+		{"unknown path below the root", call{method: "GET", path: "/index.html"}, 404, nil, errBody(404, codeNotFound, "no such resource: /index.html")},
 		{"unknown /v1 path", call{method: "GET", path: "/v1/animals"}, 404, nil, errBody(404, codeNotFound, "no such resource: /v1/animals")},
 		{"/v1 itself, not redirected", call{method: "GET", path: "/v1"}, 404, nil, errBody(404, codeNotFound, "no such resource: /v1")},
 		{"trailing slash", call{method: "GET", path: "/v1/pets/"}, 404, nil, errBody(404, codeNotFound, "no such resource: /v1/pets/")},
