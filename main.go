@@ -92,39 +92,59 @@ func (f *flagEnv) string(p *string, name, env, def, usage string) {
 }
 
 func (f *flagEnv) duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	f.fs.DurationVar(p, name, envDefault(f, env, def, "a positive duration such as 5s", func(v string) (time.Duration, error) {
+	checked(f, p, name, env, def, def.String(), "a positive duration such as 5s or 1m30s", usage, func(v string) (time.Duration, error) {
 		d, err := time.ParseDuration(v)
 		if err == nil && d <= 0 {
 			err = errors.New("not positive")
 		}
 		return d, err
-	}), usage+" (env "+env+")")
+	})
 }
 
 func (f *flagEnv) int(p *int, name, env string, def int, usage string) {
-	f.fs.IntVar(p, name, envDefault(f, env, def, "a positive integer", func(v string) (int, error) {
+	checked(f, p, name, env, def, strconv.Itoa(def), "a positive integer", usage, func(v string) (int, error) {
 		n, err := strconv.Atoi(v)
 		if err == nil && n <= 0 {
 			err = errors.New("not positive")
 		}
 		return n, err
-	}), usage+" (env "+env+")")
+	})
 }
 
-// envDefault is the default of a flag: the environment variable env parsed,
-// or def when it is unset; a variable that does not parse is remembered
-// as an error, described as what it should be.
-func envDefault[T any](f *flagEnv, env string, def T, want string, parse func(string) (T, error)) T {
-	v := f.getenv(env)
-	if v == "" {
-		return def
+// checked defines a flag whose value, given on the command line or in
+// its environment variable, goes through the same parse, so both accept
+// the same values and are refused with the same message, naming both.
+func checked[T any](f *flagEnv, p *T, name, env string, def T, defText, want, usage string, parse func(string) (T, error)) {
+	*p = def
+	v := &checkedValue[T]{p: p, text: defText, parse: parse,
+		refuse: func(value string) error {
+			err := fmt.Errorf("-%s (%s) must be %s, got %q", name, env, want, value)
+			f.err = errors.Join(f.err, err)
+			return err
+		}}
+	if e := f.getenv(env); e != "" {
+		v.Set(e)
 	}
-	parsed, err := parse(v)
+	f.fs.Var(v, name, usage+" (env "+env+")")
+}
+
+// checkedValue is the flag.Value of checked.
+type checkedValue[T any] struct {
+	p      *T
+	text   string
+	parse  func(string) (T, error)
+	refuse func(string) error
+}
+
+func (v *checkedValue[T]) String() string { return v.text }
+
+func (v *checkedValue[T]) Set(s string) error {
+	x, err := v.parse(s)
 	if err != nil {
-		f.err = errors.Join(f.err, fmt.Errorf("%s: %q is not %s", env, v, want))
-		return def
+		return v.refuse(s)
 	}
-	return parsed
+	*v.p, v.text = x, s
+	return nil
 }
 
 // newFlagSet returns a FlagSet that does not print: main prints the one
@@ -138,7 +158,7 @@ func newFlagSet(name string) *flag.FlagSet {
 // parseFlags reads the serving command line.
 func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (config, error) {
 	var c config
-	fs := newFlagSet(args[0])
+	fs := newFlagSet("petstore")
 	f := &flagEnv{fs: fs, getenv: getenv}
 	f.string(&c.addr, "addr", "PETSTORE_ADDR", "127.0.0.1:8080", "listen address, host:port")
 	f.string(&c.db, "db", "PETSTORE_DB", "petstore.db", "SQLite database file, created if missing")
@@ -161,11 +181,18 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	f.string(&burst, "rate-burst", "PETSTORE_RATE_BURST", "", "requests a key may send at once before the rate applies (default: the rate's count, 50 for 50/s)")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	err := fs.Parse(args[1:])
+	if err != nil && f.err != nil {
+		return c, f.err // a flag or variable refused, with its message
+	}
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stdout)
-			fmt.Fprintf(stdout, "Usage: %s [flags]\n       %s backup [-db FILE] BACKUP-FILE\n       %s keygen\n\n"+
-				"API keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file.\n\nFlags:\n", args[0], args[0], args[0])
+			// "petstore", not args[0]: under go run that is a path in the
+			// build cache.
+			fmt.Fprint(stdout, "Usage: petstore [flags]\n       petstore backup [-db FILE] BACKUP-FILE\n"+
+				"       petstore backup [-db FILE] -dir DIR [-keep N]\n       petstore keygen\n\n"+
+				"API keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file.\n"+
+				"Each flag can also be set by the environment variable named with it; a flag wins.\n\nFlags:\n")
 			fs.PrintDefaults()
 		}
 		return c, err
@@ -180,10 +207,10 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		return c, errors.New("-tls-cert and -tls-key go together: give both or neither")
 	}
 	if c.logFormat != "text" && c.logFormat != "json" {
-		return c, fmt.Errorf("-log-format must be text or json, got %q", c.logFormat)
+		return c, fmt.Errorf("-log-format (PETSTORE_LOG_FORMAT) must be text or json, got %q", c.logFormat)
 	}
 	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
-		return c, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", level)
+		return c, fmt.Errorf("-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got %q", level)
 	}
 	c.maxConns = defaultMaxConns()
 	if maxConns != "" {
@@ -200,10 +227,13 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		if o = strings.TrimSpace(o); o == "" {
 			continue
 		}
-		if u, err := url.Parse(o); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" {
-			return c, fmt.Errorf("-cors-origins: %q is not an origin such as https://office.example.com", o)
+		// A browser's Origin never ends in "/", but an address copied from
+		// its address bar does: the slash is dropped, not held against it.
+		origin := strings.TrimSuffix(o, "/")
+		if u, err := url.Parse(origin); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return c, fmt.Errorf("-cors-origins (PETSTORE_CORS_ORIGINS): %q is not an origin: write the scheme and host (and port), such as https://office.example.com, with no path", o)
 		}
-		c.corsOrigins = append(c.corsOrigins, o)
+		c.corsOrigins = append(c.corsOrigins, origin)
 	}
 	return c, nil
 }
@@ -556,7 +586,8 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database file to back up")
 	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this directory instead of BACKUP-FILE")
 	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep, the newest; older ones this command wrote are deleted")
-	if err := fs.Parse(args[1:]); err != nil {
+	files, err := parseInterspersed(fs, args[1:])
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "Usage: %s\n\nWrites a consistent copy of the database, also while the service runs.\n\nFlags:\n", usage)
 			fs.SetOutput(stdout)
@@ -566,10 +597,10 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 		return fmt.Errorf("backup: %w", err)
 	}
 	if dir == "" {
-		if fs.NArg() != 1 {
-			return errors.New("backup: name one backup file, or -dir: " + usage)
+		if len(files) != 1 {
+			return fmt.Errorf("backup: name one backup file, or -dir (got %d names): %s", len(files), usage)
 		}
-		dst := fs.Arg(0)
+		dst := files[0]
 		pets, err := backupDatabase(ctx, db, dst)
 		if err != nil {
 			return fmt.Errorf("backup: %w", err)
@@ -577,7 +608,7 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 		fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, dst, pets)
 		return nil
 	}
-	if fs.NArg() != 0 {
+	if len(files) != 0 {
 		return errors.New("backup: with -dir, name no backup file: " + usage)
 	}
 	if keep < 1 {
@@ -600,6 +631,23 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 		return fmt.Errorf("backup: the snapshot was written, but older ones were not all deleted: %w", err)
 	}
 	return nil
+}
+
+// parseInterspersed parses flags that may come before or after the
+// other arguments ("backup FILE -db X" as well as "backup -db X FILE"),
+// and returns those arguments.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return rest, nil
+		}
+		rest = append(rest, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
 }
 
 // snapshotPattern matches the names of the snapshots that -dir writes,
@@ -645,8 +693,12 @@ func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) 
 // runKeygen is "petstore keygen": a new key for the client, and the line
 // that lets the service accept it without keeping it in plain text.
 func runKeygen(args []string, stdout io.Writer) error {
+	if len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help") {
+		fmt.Fprintln(stdout, "Usage: petstore keygen\n\nPrints a new API key for a client, and the sha256: line for the keys file\n(-api-keys-file) that accepts it without storing it in plain text.")
+		return nil
+	}
 	if len(args) > 1 {
-		return fmt.Errorf("keygen takes no arguments, got %q", args[1])
+		return fmt.Errorf("keygen takes no arguments, got %q (petstore keygen -h)", args[1])
 	}
 	key, err := generateAPIKey()
 	if err != nil {

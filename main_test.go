@@ -101,12 +101,23 @@ func TestRunFailures(t *testing.T) {
 		{"bad key list", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "a b"},
 			"PETSTORE_API_KEYS: API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
 		{"stray argument", []string{"serve"}, env, `unexpected argument "serve" (commands: backup, keygen)`},
-		{"bad log format", []string{"-log-format", "xml"}, env, `-log-format must be text or json, got "xml"`},
-		{"bad log level", []string{"-log-level", "loud"}, env, `-log-level must be debug, info, warn or error, got "loud"`},
-		{"CORS origin without scheme", []string{"-cors-origins", "office.example.com"}, env, `-cors-origins: "office.example.com" is not an origin such as https://office.example.com`},
-		{"CORS origin with a path", []string{"-cors-origins", "https://a.example, https://b.example/app"}, env, `-cors-origins: "https://b.example/app" is not an origin such as https://office.example.com`},
-		{"bad duration in the environment", nil, map[string]string{"PETSTORE_READ_TIMEOUT": "soon"}, `PETSTORE_READ_TIMEOUT: "soon" is not a positive duration such as 5s`},
-		{"bad number in the environment", nil, map[string]string{"PETSTORE_MAX_HEADER_BYTES": "-1"}, `PETSTORE_MAX_HEADER_BYTES: "-1" is not a positive integer`},
+		{"bad log format", []string{"-log-format", "xml"}, env, `-log-format (PETSTORE_LOG_FORMAT) must be text or json, got "xml"`},
+		{"bad log level", []string{"-log-level", "loud"}, env, `-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got "loud"`},
+		{"CORS origin without scheme", []string{"-cors-origins", "office.example.com"}, env,
+			`-cors-origins (PETSTORE_CORS_ORIGINS): "office.example.com" is not an origin: write the scheme and host (and port), such as https://office.example.com, with no path`},
+		{"CORS origin with a path", []string{"-cors-origins", "https://a.example, https://b.example/app"}, env,
+			`-cors-origins (PETSTORE_CORS_ORIGINS): "https://b.example/app" is not an origin: write the scheme and host (and port), such as https://office.example.com, with no path`},
+		// A flag and its variable accept the same values, refused with the
+		// same message naming both.
+		{"bad duration in the environment", nil, map[string]string{"PETSTORE_READ_TIMEOUT": "soon"}, `-read-timeout (PETSTORE_READ_TIMEOUT) must be a positive duration such as 5s or 1m30s, got "soon"`},
+		{"bad duration as a flag", []string{"-read-timeout", "soon"}, env, `-read-timeout (PETSTORE_READ_TIMEOUT) must be a positive duration such as 5s or 1m30s, got "soon"`},
+		{"zero duration as a flag", []string{"-read-timeout", "0s"}, env, `-read-timeout (PETSTORE_READ_TIMEOUT) must be a positive duration such as 5s or 1m30s, got "0s"`},
+		{"zero duration in the environment", nil, map[string]string{"PETSTORE_READ_TIMEOUT": "0s"}, `-read-timeout (PETSTORE_READ_TIMEOUT) must be a positive duration such as 5s or 1m30s, got "0s"`},
+		{"duration without a unit", []string{"-write-timeout", "5"}, env, `-write-timeout (PETSTORE_WRITE_TIMEOUT) must be a positive duration such as 5s or 1m30s, got "5"`},
+		{"bad number in the environment", nil, map[string]string{"PETSTORE_MAX_HEADER_BYTES": "-1"}, `-max-header-bytes (PETSTORE_MAX_HEADER_BYTES) must be a positive integer, got "-1"`},
+		{"bad number as a flag", []string{"-max-header-bytes", "-1"}, env, `-max-header-bytes (PETSTORE_MAX_HEADER_BYTES) must be a positive integer, got "-1"`},
+		{"bad connection cap", []string{"-max-conns", "0"}, env, `-max-conns (PETSTORE_MAX_CONNS) must be a positive integer, got "0"`},
+		{"bad connection cap in the environment", nil, map[string]string{"PETSTORE_MAX_CONNS": "0"}, `-max-conns (PETSTORE_MAX_CONNS) must be a positive integer, got "0"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -985,5 +996,36 @@ func TestBackupSnapshots(t *testing.T) {
 		if err == nil || err.Error() != c.err {
 			t.Errorf("backup %v: %v, want %q", c.args, err, c.err)
 		}
+	}
+}
+
+// TestCommandLines: every command answers -h on stdout and exits 0, usage
+// names the program petstore, and backup takes its flags in either order.
+func TestCommandLines(t *testing.T) {
+	env := func(string) string { return "" }
+	for _, args := range [][]string{{"-h"}, {"backup", "-h"}, {"keygen", "-h"}} {
+		var out bytes.Buffer
+		err := run(context.Background(), append([]string{"/root/.cache/go-build/x/exe/petstore"}, args...), env, &out, io.Discard)
+		if err != nil || !strings.HasPrefix(out.String(), "Usage: petstore") {
+			t.Errorf("%v: %v, printed %q", args, err, out.String())
+		}
+	}
+	db := filepath.Join(t.TempDir(), "pets.db")
+	preloadPets(t, db, 3)
+	dst := filepath.Join(t.TempDir(), "b.db")
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"petstore", "backup", dst, "-db", db}, env, &out, io.Discard); err != nil {
+		t.Fatalf("backup FILE -db X: %v", err)
+	}
+	if want := fmt.Sprintf("backed up %s to %s: 3 pets, integrity ok\n", db, dst); out.String() != want {
+		t.Errorf("backup FILE -db X said %q, want %q", out.String(), want)
+	}
+	err := run(context.Background(), []string{"petstore", "backup", "a.db", "-db", db, "b.db"}, env, io.Discard, io.Discard)
+	if want := "backup: name one backup file, or -dir (got 2 names): petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"; err == nil || err.Error() != want {
+		t.Errorf("backup with two files: %v, want %q", err, want)
+	}
+	err = run(context.Background(), []string{"petstore", "keygen", "extra"}, env, io.Discard, io.Discard)
+	if want := `keygen takes no arguments, got "extra" (petstore keygen -h)`; err == nil || err.Error() != want {
+		t.Errorf("keygen extra: %v, want %q", err, want)
 	}
 }

@@ -121,6 +121,9 @@ func validateSchema(doc map[string]any, schema, value any, at string) []string {
 		n := float64(utf8.RuneCountInString(str))
 		bound("minLength", n, true)
 		bound("maxLength", n, false)
+		if pattern, ok := s["pattern"].(string); ok && !regexp.MustCompile(pattern).MatchString(str) {
+			problems = append(problems, fmt.Sprintf("%s: %q does not match %s", at, str, pattern))
+		}
 	case "integer":
 		num, ok := value.(json.Number)
 		if !ok {

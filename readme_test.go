@@ -62,6 +62,30 @@ func readmeCurlExamples(readme string) []readmeExample {
 // one session against a real server, and checks each against the output
 // the README shows: the status line, the headers shown, and the JSON body
 // exactly. A README that drifts from the service fails here.
+// readmeSession reads how the README's first session starts the server:
+// the variables it exports and the flags of the "./petstore ... &" line.
+// Only the address (a free port) and the database's directory (a temp
+// dir) are changed, so the examples run with the configuration the README
+// shows, and nothing else.
+func readmeSession(t *testing.T, readme string) (env map[string]string, args []string) {
+	t.Helper()
+	env = map[string]string{}
+	start := regexp.MustCompile(`(?m)^\./petstore (.*) &\s*(#.*)?$`).FindStringSubmatch(readme)
+	if start == nil {
+		t.Fatal("README.md has no ./petstore ... & line to start its session")
+	}
+	for _, m := range regexp.MustCompile(`(?m)^export (\w+)=(\S+)`).FindAllStringSubmatch(readme[:strings.Index(readme, start[0])], -1) {
+		env[m[1]] = m[2]
+	}
+	args = strings.Fields(start[1])
+	for i := range args {
+		if args[i] == "-db" && i+1 < len(args) {
+			args[i+1] = filepath.Join(t.TempDir(), args[i+1])
+		}
+	}
+	return env, append([]string{"-addr", "127.0.0.1:0"}, args...)
+}
+
 func TestREADMEExamples(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatalf("the README examples need curl: %v", err)
@@ -74,9 +98,8 @@ func TestREADMEExamples(t *testing.T) {
 	if len(examples) < 15 {
 		t.Fatalf("found %d curl examples in README.md; the reader is broken", len(examples))
 	}
-	env := map[string]string{"PETSTORE_API_KEYS": "s3cret-key", "PETSTORE_CORS_ORIGINS": "https://office.example.com",
-		"PETSTORE_DB": filepath.Join(t.TempDir(), "readme.db")}
-	base, _, _ := startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
+	env, args := readmeSession(t, string(readme))
+	base, _, _ := startRun(t, args, env)
 	for _, ex := range examples {
 		where := fmt.Sprintf("README.md:%d: %s", ex.line, ex.cmd)
 		if len(ex.want) == 0 {

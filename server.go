@@ -13,6 +13,7 @@ import (
 	"math"
 	mathrand "math/rand/v2"
 	"net/http"
+	"net/url"
 	"path"
 	"slices"
 	"strconv"
@@ -110,7 +111,7 @@ func newHandler(s *server) http.Handler {
 	// the mux, then requireAPIKey, the rate limit and deprecated on the
 	// routes that want them.
 	h := rejectUncleanPaths(mux)
-	h = cors(s.corsOrigins, mux, methods, h)
+	h = cors(s.corsOrigins, s.log, mux, methods, h)
 	h = recoverPanics(s.log, h)
 	h = logRequests(s.log, h)
 	return secureHeaders(h)
@@ -295,15 +296,20 @@ func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
 // no credentials on a preflight) and marks answers to those origins as
 // readable. Other origins get no CORS headers, so browsers keep their
 // default of refusing.
-func cors(origins []string, mux *http.ServeMux, methods map[string][]string, next http.Handler) http.Handler {
-	if len(origins) == 0 {
-		return next
-	}
+func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[string][]string, next http.Handler) http.Handler {
+	refused := &refusedOrigins{log: log, seen: map[string]bool{}}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		h.Add("Vary", "Origin")
 		origin := r.Header.Get("Origin")
-		if origin == "" || !slices.Contains(origins, origin) {
+		if origin == "" {
+			next.ServeHTTP(w, r) // not a browser's cross-origin call
+			return
+		}
+		h := w.Header()
+		if len(origins) > 0 {
+			h.Add("Vary", "Origin")
+		}
+		if !slices.Contains(origins, origin) {
+			refused.note(r, origin)
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -522,6 +528,38 @@ func (b *bodyBudget) grantLocked() {
 // for a pet that was stored behind its back.
 func createDeadline(writeTimeout time.Duration) time.Duration {
 	return writeTimeout - min(2*time.Second, max(250*time.Millisecond, writeTimeout/4))
+}
+
+// refusedOrigins logs, once per origin, a browser page on another origin
+// that the service refuses (browsers then block it without a word to the
+// server's operator): a page moved, or -cors-origins lacks it. At most
+// maxLoggedOrigins are remembered, so a flood of made-up origins cannot
+// grow memory or the log.
+type refusedOrigins struct {
+	log     *slog.Logger
+	mu      sync.Mutex
+	seen    map[string]bool
+	dropped bool
+}
+
+const maxLoggedOrigins = 100
+
+func (o *refusedOrigins) note(r *http.Request, origin string) {
+	if u, err := url.Parse(origin); err == nil && u.Host == r.Host {
+		return // the page is on the service's own origin: no CORS involved
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case o.seen[origin]:
+	case len(o.seen) < maxLoggedOrigins:
+		o.seen[origin] = true
+		o.log.WarnContext(r.Context(), "browser origin refused: it is not in -cors-origins, so browsers will not let its pages read the answers; add it there if it is the back office",
+			"origin", origin, "method", r.Method, "path", r.URL.Path)
+	case !o.dropped:
+		o.dropped = true
+		o.log.WarnContext(r.Context(), "browser origin refused; more refused origins will not be logged", "origin", origin)
+	}
 }
 
 // rejectUncleanPaths answers 404 for paths with "//", "." or ".."

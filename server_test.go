@@ -350,3 +350,37 @@ func TestParseRateLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedOriginIsLogged: a browser page on an origin not allowed is
+// named in the log, once per origin, and never for the service's own
+// origin; -cors-origins forgives a trailing slash.
+func TestRefusedOriginIsLogged(t *testing.T) {
+	base, logs, _ := startRun(t, []string{"-addr", "127.0.0.1:0", "-cors-origins", "https://office.example.com/"},
+		map[string]string{"PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")})
+	get := func(origin string) reply {
+		req, _ := http.NewRequest("GET", base+"/v1/pets", nil)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		req.Header.Set("Origin", origin)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return reply{status: resp.StatusCode, header: resp.Header}
+	}
+	// The slash was dropped: the browser's Origin has none.
+	if r := get("https://office.example.com"); r.header.Get("Access-Control-Allow-Origin") != "https://office.example.com" {
+		t.Errorf("allowed origin: Access-Control-Allow-Origin %q", r.header.Get("Access-Control-Allow-Origin"))
+	}
+	for range 3 {
+		if r := get("https://evil.example"); r.header.Get("Access-Control-Allow-Origin") != "" {
+			t.Errorf("refused origin got Access-Control-Allow-Origin %q", r.header.Get("Access-Control-Allow-Origin"))
+		}
+	}
+	get("http://" + strings.TrimPrefix(base, "http://")) // the service's own origin
+	waitForLog(t, logs, `level=WARN msg="browser origin refused: it is not in -cors-origins[^"]*" origin=https://evil.example method=GET path=/v1/pets`, 1)
+	time.Sleep(100 * time.Millisecond)
+	if n := strings.Count(logs.String(), "browser origin refused"); n != 1 {
+		t.Errorf("%d refused-origin lines, want 1 for three requests from one origin:\n%s", n, logs)
+	}
+}
