@@ -58,7 +58,7 @@ func mountTmpfs(t *testing.T, size string) string {
 	}
 	dir := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v: %s", err, out)
+		t.Fatalf("mount tmpfs (mount is in Debian's util-linux): %v: %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
 	return dir
@@ -79,7 +79,7 @@ func mountExt4(t *testing.T) string {
 		{"mount", "-o", "loop", img, dir},
 	} {
 		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", args, err, out)
+			t.Fatalf("%v (truncate and mount: util-linux, coreutils; mkfs.ext4: e2fsprogs): %v: %s", args, err, out)
 		}
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
@@ -235,7 +235,7 @@ func TestReadOnlyStorage(t *testing.T) {
 	chattr := func(flag string) {
 		t.Helper()
 		if out, err := exec.Command("chattr", flag, path).CombinedOutput(); err != nil {
-			t.Fatalf("chattr %s: %v: %s", flag, err, out)
+			t.Fatalf("chattr %s (Debian's e2fsprogs): %v: %s", flag, err, out)
 		}
 	}
 	chattr("+i")
@@ -731,7 +731,7 @@ func TestFrozenStorage(t *testing.T) {
 	srv, _, _ := newLoggedServer(t, filepath.Join(dir, "pets.db"), storeOptions{})
 	createPets(t, srv, newPetBody)
 	if out, err := exec.Command("fsfreeze", "-f", dir).CombinedOutput(); err != nil {
-		t.Fatalf("fsfreeze: %v: %s", err, out)
+		t.Fatalf("fsfreeze (Debian's util-linux): %v: %s", err, out)
 	}
 	thawed := false
 	thaw := func() {

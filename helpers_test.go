@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -325,4 +326,29 @@ func buildBinary(t *testing.T) string {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// goTool finds a tool the tests use (not a module of petstore) on PATH
+// or in Go's bin directory, or installs the pinned version there with go
+// install: a few minutes the first time, nothing after.
+func goTool(t *testing.T, name, pkg, version string) string {
+	t.Helper()
+	if path, err := exec.LookPath(name); err == nil {
+		return path
+	}
+	gopath, err := exec.Command("go", "env", "GOPATH").Output()
+	if err != nil {
+		t.Fatalf("this test needs %s, and the go command to install it: %v", name, err)
+	}
+	path := filepath.Join(strings.TrimSpace(string(gopath)), "bin", name)
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	t.Logf("installing %s %s with go install", name, version)
+	install := exec.Command("go", "install", pkg+"@"+version)
+	install.Env = append(os.Environ(), "GOFLAGS=")
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("this test needs %s %s; go install failed (install it with: go install %s@%s): %v\n%s", name, version, pkg, version, err, out)
+	}
+	return path
 }

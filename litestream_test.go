@@ -23,29 +23,10 @@ import (
 // installs it, and the test installs it itself where it is missing.
 const litestreamVersion = "v0.5.18"
 
-// litestreamBinary finds Litestream on PATH or in Go's bin directory, or
-// installs the pinned version there (a tool, not a module of petstore).
+// litestreamBinary finds the pinned Litestream, or installs it.
 func litestreamBinary(t *testing.T) string {
 	t.Helper()
-	if path, err := exec.LookPath("litestream"); err == nil {
-		return path
-	}
-	gopath, err := exec.Command("go", "env", "GOPATH").Output()
-	if err != nil {
-		t.Fatalf("the replica test needs Litestream, and the go command to install it: %v", err)
-	}
-	path := filepath.Join(strings.TrimSpace(string(gopath)), "bin", "litestream")
-	if _, err := os.Stat(path); err == nil {
-		return path
-	}
-	t.Logf("installing Litestream %s (go install, a few minutes the first time)", litestreamVersion)
-	install := exec.Command("go", "install", "github.com/benbjohnson/litestream/cmd/litestream@"+litestreamVersion)
-	install.Env = append(os.Environ(), "GOFLAGS=")
-	if out, err := install.CombinedOutput(); err != nil {
-		t.Fatalf("the replica test needs Litestream %s; go install failed (install it with: go install github.com/benbjohnson/litestream/cmd/litestream@%s): %v\n%s",
-			litestreamVersion, litestreamVersion, err, out)
-	}
-	return path
+	return goTool(t, "litestream", "github.com/benbjohnson/litestream/cmd/litestream", litestreamVersion)
 }
 
 // replicaRun is one run of petstore with Litestream beside it, under a
