@@ -1,14 +1,19 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -126,4 +131,136 @@ func TestGeneratedGoClient(t *testing.T) {
 	command(t, dir, env, "go", "vet", ".")
 	out, _ := command(t, dir, env, "go", "run", ".")
 	checkClientRun(t, out, `"openapi":["3.1.0","3.1.0"]`)
+}
+
+// TestBrowserBackOffice loads the back-office page in testdata/browser in
+// headless Chromium from two origins of its own. From the origin in
+// -cors-origins the page lists, creates and reads Location, Link,
+// X-Request-Id and the rest across origins; from another origin the
+// browser refuses the first call, nothing is stored, and the service logs
+// that origin once.
+func TestBrowserBackOffice(t *testing.T) {
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("the browser test needs Chromium (Debian: chromium): %v", err)
+	}
+	office, officeResults := backOfficeOrigin(t)
+	elsewhere, elsewhereResults := backOfficeOrigin(t)
+	base, logs, _ := startRun(t, []string{"-addr", "127.0.0.1:0", "-cors-origins", office.URL},
+		map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")})
+	officeResults.config <- map[string]string{"api": base, "key": testKey}
+	elsewhereResults.config <- map[string]string{"api": base, "key": testKey}
+
+	got := loadInBrowser(t, chromium, office.URL+"/office.html", officeResults.result)
+	rex := `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`
+	unauthorized := `{"code":"unauthorized","message":"invalid API key","status":401}`
+	want := `{
+		"created": {"status":201,"body":` + rex + `,"location":"/v1/pets/1","link":null,"requestId":"office-create-1",
+			"replayed":null,"deprecation":null,"sunset":null,"challenge":null},
+		"replayed": {"status":201,"body":` + rex + `,"location":"/v1/pets/1","link":null,"requestId":"GENERATED",
+			"replayed":"true","deprecation":null,"sunset":null,"challenge":null},
+		"soldPages": [
+			{"status":200,"ids":[2,3],"link":"</v1/pets?limit=2&status=sold&after=3>; rel=\"next\""},
+			{"status":200,"ids":[4],"link":null}],
+		"got": {"status":200,"body":` + rex + `,"location":null,"link":"</v1/pets>; rel=\"successor-version\"",
+			"requestId":"GENERATED","replayed":null,"deprecation":"@1795305600","sunset":"Thu, 05 Dec 2030 00:00:00 GMT","challenge":null},
+		"badRequest": {"status":400,"body":{"code":"invalid_body","message":"name must not be empty or only whitespace","status":400},
+			"location":null,"link":null,"requestId":"GENERATED","replayed":null,"deprecation":null,"sunset":null,"challenge":null},
+		"unauthorized": {"status":401,"body":` + unauthorized + `,"location":null,"link":null,"requestId":"GENERATED",
+			"replayed":null,"deprecation":null,"sunset":null,"challenge":"Bearer realm=\"petstore\", error=\"invalid_token\""}
+	}`
+	// The ids the service made up are read by the page and found in the
+	// service's access log.
+	generated := regexp.MustCompile(`"requestId":"([^"]+)"`)
+	for _, m := range generated.FindAllStringSubmatch(string(got), -1) {
+		if m[1] != "office-create-1" {
+			waitForLog(t, logs, `(?m)request_id=`+regexp.QuoteMeta(m[1])+`$`, 1)
+		}
+	}
+	gotJSON := generated.ReplaceAllStringFunc(string(got), func(s string) string {
+		if strings.Contains(s, "office-create-1") {
+			return s
+		}
+		return `"requestId":"GENERATED"`
+	})
+	if diff := cmp.Diff(decodeJSON(t, []byte(want)), decodeJSON(t, []byte(gotJSON))); diff != "" {
+		t.Errorf("the page on the allowed origin saw (-want +got):\n%s", diff)
+	}
+
+	got = loadInBrowser(t, chromium, elsewhere.URL+"/office.html", elsewhereResults.result)
+	if diff := cmp.Diff(decodeJSON(t, []byte(`{"error":"TypeError: Failed to fetch"}`)), decodeJSON(t, got)); diff != "" {
+		t.Errorf("the page on another origin saw (-want +got):\n%s", diff)
+	}
+	checkReply(t, send(t, "GET", base+"/v1/pets?limit=100", testKey, ""), 200, nil,
+		`[`+rex+`,{"id":2,"name":"Tom","categoryId":2,"status":"sold"},{"id":3,"name":"Kit","categoryId":2,"status":"sold"},{"id":4,"name":"Max","categoryId":2,"status":"sold"}]`)
+	waitForLog(t, logs, `level=WARN msg="browser origin refused: [^"]*" origin=`+regexp.QuoteMeta(elsewhere.URL)+` method=OPTIONS path=/v1/pets`, 1)
+	if n := strings.Count(logs.String(), "browser origin refused"); n != 1 {
+		t.Errorf("%d refused-origin lines, want 1 (one origin, the allowed one never):\n%s", n, logs)
+	}
+}
+
+// backOfficeResults carry the page's configuration to its origin, and what
+// the page reported from it.
+type backOfficeResults struct {
+	config chan map[string]string
+	result chan []byte
+}
+
+// backOfficeOrigin serves testdata/browser from an origin of its own, with
+// config.json (the API and key, once the test knows them) and a /result
+// the page posts what it saw to.
+func backOfficeOrigin(t *testing.T) (*httptest.Server, backOfficeResults) {
+	t.Helper()
+	results := backOfficeResults{config: make(chan map[string]string, 1), result: make(chan []byte, 1)}
+	var config []byte
+	var once sync.Once
+	mux := http.NewServeMux()
+	mux.Handle("GET /office.html", http.FileServer(http.Dir(filepath.Join("testdata", "browser"))))
+	mux.HandleFunc("GET /config.json", func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { config, _ = json.Marshal(<-results.config) })
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(config)
+	})
+	mux.HandleFunc("POST /result", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		select {
+		case results.result <- b:
+		default:
+		}
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv, results
+}
+
+// loadInBrowser opens url in headless Chromium, with a profile of its own,
+// and returns what the page reported, stopping the browser and its
+// children afterwards.
+func loadInBrowser(t *testing.T, chromium, url string, result <-chan []byte) []byte {
+	t.Helper()
+	cmd := exec.Command(chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+		"--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir="+t.TempDir(), url)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+	}()
+	select {
+	case b := <-result:
+		return b
+	case err := <-exited:
+		exited <- err
+		t.Fatalf("chromium exited before the page reported: %v\n%s", err, out.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the page did not report within 60 s; chromium said:\n%s", out.String())
+	}
+	return nil
 }
