@@ -862,14 +862,13 @@ func (s *petStore) probeWrite(w **batchWriter) error {
 	// A probe does not wait for a lock another process holds: that would
 	// hold up the creates queued behind it.
 	ctx := context.Background()
-	(*w).conn.ExecContext(ctx, "PRAGMA busy_timeout = 0")
+	(*w).setBusyTimeout(0)
 	s.commitStart.Store(time.Now().UnixNano())
 	err := (*w).inTx(ctx, func() error {
 		_, err := (*w).conn.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", len(migrations)))
 		return err
 	})
 	s.commitStart.Store(0)
-	(*w).conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
 	if err != nil {
 		kind, ok := s.classify(err)
 		if !ok {
@@ -886,10 +885,12 @@ func (s *petStore) probeWrite(w **batchWriter) error {
 // batchWriter runs the group commits on the one writer connection, with
 // its statements prepared once.
 type batchWriter struct {
-	conn            *sql.Conn
-	findKey, insert *sql.Stmt
-	walEmptied      bool  // after the file was replaced
-	dataVersion     int64 // PRAGMA data_version when last asked
+	conn                      *sql.Conn
+	findKey, insert           *sql.Stmt
+	beginTx, commitTx, rollTx *sql.Stmt
+	walEmptied                bool          // after the file was replaced
+	dataVersion               int64         // PRAGMA data_version when last asked
+	busyTimeout               time.Duration // the connection's busy_timeout now
 }
 
 func newBatchWriter(db *sql.DB) (*batchWriter, error) {
@@ -898,7 +899,7 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &batchWriter{conn: conn}
+	w := &batchWriter{conn: conn, busyTimeout: busyTimeoutMillis * time.Millisecond}
 	// After a checkpoint has emptied the WAL, the next commit truncates
 	// the file to this size, so a WAL that grew once does not keep its
 	// size on disk for ever. Only this connection writes.
@@ -916,13 +917,41 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 		conn.Close()
 		return nil, err
 	}
+	// The transaction statements too: a commit is on every create's path,
+	// and parsing them each time costs the writer as much as an insert.
+	for stmt, text := range map[**sql.Stmt]string{&w.beginTx: "BEGIN IMMEDIATE", &w.commitTx: "COMMIT", &w.rollTx: "ROLLBACK"} {
+		if *stmt, err = conn.PrepareContext(ctx, text); err != nil {
+			w.close()
+			return nil, err
+		}
+	}
 	return w, nil
 }
 
 func (w *batchWriter) close() {
-	w.findKey.Close()
-	w.insert.Close()
+	w.closeStatements()
 	w.conn.Close()
+}
+
+func (w *batchWriter) closeStatements() {
+	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx} {
+		if stmt != nil {
+			stmt.Close()
+		}
+	}
+}
+
+// setBusyTimeout sets how long the writer waits for a lock another
+// process holds. It is remembered, so the same setting is not sent to
+// SQLite again on every commit.
+func (w *batchWriter) setBusyTimeout(d time.Duration) {
+	if d == w.busyTimeout {
+		return
+	}
+	w.busyTimeout = d
+	if _, err := w.conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", d.Milliseconds())); err != nil {
+		w.busyTimeout = -1 // unknown: set it again next time
+	}
 }
 
 // externalWrite reports whether another connection has committed to the
@@ -950,8 +979,7 @@ func (w *batchWriter) reopen(db *sql.DB) (*batchWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.findKey.Close()
-	w.insert.Close()
+	w.closeStatements()
 	w.conn.Raw(func(any) error { return driver.ErrBadConn }) // not back to the pool
 	w.conn.Close()
 	return fresh, nil
@@ -968,11 +996,9 @@ func (w *batchWriter) checkWAL(walPath string, limit int64) {
 	if err != nil || fi.Size() <= limit {
 		return
 	}
-	ctx := context.Background()
 	// A busy timeout would stall every create behind a long reader.
-	w.conn.ExecContext(ctx, "PRAGMA busy_timeout = 0")
-	w.conn.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)")
-	w.conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
+	w.setBusyTimeout(0)
+	w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
 }
 
 // commit stores a batch in one transaction and returns each request's
@@ -1000,10 +1026,12 @@ func (w *batchWriter) commit(batch []*writeRequest) ([]writeResult, error) {
 			wait = min(wait, d.Sub(now))
 		}
 	}
-	if wait < time.Duration(busyTimeoutMillis)*time.Millisecond {
-		w.conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", wait.Milliseconds()))
-		defer w.conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
+	// Rounded down to a tenth of a second, so that under load, with
+	// deadlines alike, the setting rarely changes from batch to batch.
+	if wait >= 100*time.Millisecond {
+		wait = wait.Truncate(100 * time.Millisecond)
 	}
+	w.setBusyTimeout(wait)
 	err := w.inTx(ctx, func() error {
 		for i, r := range batch {
 			if results[i].err != nil {
@@ -1026,15 +1054,15 @@ func (w *batchWriter) commit(batch []*writeRequest) ([]writeResult, error) {
 
 // inTx runs fn in an immediate transaction on the writer connection.
 func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
-	if _, err := w.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+	if _, err := w.beginTx.ExecContext(ctx); err != nil {
 		return err
 	}
 	if err := fn(); err != nil {
-		w.conn.ExecContext(ctx, "ROLLBACK")
+		w.rollTx.ExecContext(ctx)
 		return err
 	}
-	if _, err := w.conn.ExecContext(ctx, "COMMIT"); err != nil {
-		w.conn.ExecContext(ctx, "ROLLBACK")
+	if _, err := w.commitTx.ExecContext(ctx); err != nil {
+		w.rollTx.ExecContext(ctx)
 		return err
 	}
 	return nil
