@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func TestCreatePet(t *testing.T) {
@@ -522,6 +524,38 @@ func FuzzAppendPetJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id int64, name string, categoryID int64, status string) {
 		checkPetEncoding(t, Pet{ID: id, Name: name, CategoryID: categoryID, Status: status})
 	})
+}
+
+// TestPlainBodiesTakeTheFastPath: the bodies clients usually send are
+// decoded without json.Decoder, and the rest go to the full path
+// (FuzzDecodeNewPet checks that the two agree).
+func TestPlainBodiesTakeTheFastPath(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want NewPet
+		fast bool
+	}{
+		{`{"name":"Rex","categoryId":1}`, NewPet{Name: "Rex", CategoryID: 1, Status: "available"}, true},
+		{" {\n\t\"status\" : \"sold\" , \"categoryId\":9223372036854775807,\"name\":\"日本 🐕\"}\r\n",
+			NewPet{Name: "日本 🐕", CategoryID: 9223372036854775807, Status: "sold"}, true},
+		{`{"name":"R\u0065x","categoryId":1}`, NewPet{Name: "Rex", CategoryID: 1, Status: "available"}, false},
+		{`{"name":"Rex","categoryId":1,"status":null}`, NewPet{}, false},
+		{`{"name":"Rex","categoryId":1e0}`, NewPet{}, false},
+	} {
+		got, fast := decodePlainNewPet([]byte(tc.body))
+		if fast != tc.fast {
+			t.Errorf("%s: fast path %v, want %v", tc.body, fast, tc.fast)
+		}
+		if fast {
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("%s: fast path (-want +got):\n%s", tc.body, diff)
+			}
+		}
+		got, err := decodeNewPet([]byte(tc.body))
+		if tc.want != (NewPet{}) && (err != nil || got != tc.want) {
+			t.Errorf("%s: decodeNewPet = %+v, %v; want %+v", tc.body, got, err, tc.want)
+		}
+	}
 }
 
 // TestReadYourWrites: while others create concurrently (so creates are
