@@ -907,20 +907,20 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 		conn.Close()
 		return nil, err
 	}
-	if w.findKey, err = conn.PrepareContext(ctx,
-		"SELECT id, name, category_id, status, request_fingerprint FROM pets WHERE idempotency_key = ?"); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	if w.insert, err = conn.PrepareContext(ctx,
-		"INSERT INTO pets (name, category_id, status, idempotency_key, request_fingerprint) VALUES (?, ?, ?, ?, ?)"); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	// The transaction statements too: a commit is on every create's path,
-	// and parsing them each time costs the writer as much as an insert.
-	for stmt, text := range map[**sql.Stmt]string{&w.beginTx: "BEGIN IMMEDIATE", &w.commitTx: "COMMIT", &w.rollTx: "ROLLBACK"} {
-		if *stmt, err = conn.PrepareContext(ctx, text); err != nil {
+	// Every statement the writer runs per create is prepared once, the
+	// transaction's own included: parsing BEGIN and COMMIT each time costs
+	// the writer as much as an insert.
+	for _, st := range []struct {
+		stmt **sql.Stmt
+		text string
+	}{
+		{&w.findKey, "SELECT id, name, category_id, status, request_fingerprint FROM pets WHERE idempotency_key = ?"},
+		{&w.insert, "INSERT INTO pets (name, category_id, status, idempotency_key, request_fingerprint) VALUES (?, ?, ?, ?, ?)"},
+		{&w.beginTx, "BEGIN IMMEDIATE"},
+		{&w.commitTx, "COMMIT"},
+		{&w.rollTx, "ROLLBACK"},
+	} {
+		if *st.stmt, err = conn.PrepareContext(ctx, st.text); err != nil {
 			w.close()
 			return nil, err
 		}
