@@ -494,7 +494,7 @@ func decodeAnyNewPet(body []byte) (NewPet, error) {
 // sends: one flat object of name, categoryId and optional status, strings
 // without escapes, a plain integer, each key once, everything valid. It
 // accepts nothing that the full path would refuse, and gives the same
-// NewPet (FuzzCreatePet holds the two together); anything else, valid or
+// NewPet (FuzzDecodeNewPet holds the two together); anything else, valid or
 // not, is left to decodeAnyNewPet and its messages. Walking the object
 // with json.Decoder costs a create more than its SQLite insert.
 func decodePlainNewPet(body []byte) (NewPet, bool) {
@@ -522,7 +522,8 @@ func decodePlainNewPet(body []byte) (NewPet, bool) {
 				return NewPet{}, false
 			}
 			np.Name, i, seenName = string(name), next, true
-			if !validPlainName(np.Name) {
+			// The full path checks UTF-8 for the whole body first.
+			if !utf8.ValidString(np.Name) || nameProblem(np.Name) != "" {
 				return NewPet{}, false
 			}
 		case "categoryId":
@@ -588,13 +589,6 @@ func plainJSONString(b []byte, i int) (s []byte, next int, ok bool) {
 		}
 	}
 	return nil, 0, false
-}
-
-// validPlainName reports whether decodeName would accept this name.
-func validPlainName(name string) bool {
-	return utf8.ValidString(name) && strings.TrimSpace(name) != "" &&
-		utf8.RuneCountInString(name) <= maxNameLength &&
-		strings.IndexFunc(name, unicode.IsControl) < 0
 }
 
 // splitObject parses body as exactly one JSON object and returns its
@@ -663,12 +657,18 @@ func decodeName(raw json.RawMessage, name *string) string {
 	if raw[0] != '"' || json.Unmarshal(raw, name) != nil {
 		return "name must be a string"
 	}
+	return nameProblem(*name)
+}
+
+// nameProblem checks a decoded name against the rules for a pet's name;
+// it returns what is wrong, or "".
+func nameProblem(name string) string {
 	switch {
-	case strings.TrimSpace(*name) == "":
+	case strings.TrimSpace(name) == "":
 		return "name must not be empty or only whitespace"
-	case utf8.RuneCountInString(*name) > maxNameLength:
-		return fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(*name))
-	case strings.IndexFunc(*name, unicode.IsControl) >= 0:
+	case utf8.RuneCountInString(name) > maxNameLength:
+		return fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(name))
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
 		return "name must not contain control characters (such as tab or newline)"
 	}
 	return ""
