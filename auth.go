@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -208,4 +209,22 @@ func requireAPIKey(keys *keyRing, sawKey func(*http.Request, keyDigest), next ht
 			next.ServeHTTP(w, r)
 		}
 	})
+}
+
+// runKeygen is "petstore keygen": a new key for the client, and the line
+// that lets the service accept it without keeping it in plain text.
+func runKeygen(args []string, stdout io.Writer) error {
+	if len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help") {
+		fmt.Fprintln(stdout, "Usage: petstore keygen\n\nPrints a new API key for a client, and the sha256: line for the keys file\n(-api-keys-file) that accepts it without storing it in plain text.")
+		return nil
+	}
+	if len(args) > 1 {
+		return fmt.Errorf("keygen takes no arguments, got %q (petstore keygen -h)", args[1])
+	}
+	key, err := generateAPIKey()
+	if err != nil {
+		return fmt.Errorf("keygen: %w", err)
+	}
+	fmt.Fprintf(stdout, "key: %s\nkeys-file line: %s\n", key, keysFileLine(key))
+	return nil
 }

@@ -6,12 +6,11 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -213,99 +212,164 @@ func (f *faultLog) current() *storageError {
 	return &storageError{kind: f.kind, err: f.cause}
 }
 
-// fileID is a file's identity: the same path can name another file later.
-type fileID struct{ dev, ino uint64 }
-
-func fileIDOf(fi os.FileInfo) fileID {
-	st := fi.Sys().(*syscall.Stat_t)
-	return fileID{dev: uint64(st.Dev), ino: st.Ino}
-}
-
-// dbFile is the database file as the service opened it. Its descriptor
-// holds an exclusive flock for the life of the service, so a second
-// petstore on the same file refuses to start; SQLite's own locks are
-// POSIX locks, which flock does not touch. It is closed only after every
-// SQLite connection: closing any descriptor of the file releases the
-// process's POSIX locks on it.
-type dbFile struct {
-	path string
-	f    *os.File
-	id   fileID
-	// readOnly: the file could be opened only for reading at start; it
-	// is cleared once a write has worked.
-	readOnly atomic.Bool
-}
-
-// openDBFile opens the database file at path, creating it private to the
-// service's user (SQLite would use the umask's mode, and gives the -wal
-// and -shm files the database's mode), and takes the service's lock.
-func openDBFile(path string) (*dbFile, error) {
-	d := &dbFile{path: path}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		// A file that cannot be written (read-only filesystem, immutable
-		// file) is still served for reading; creates get 503.
-		ro, roErr := os.Open(path)
-		if roErr != nil {
-			return nil, fmt.Errorf("open database: %w", err)
+// health returns nil while the store can both read and store a pet, and
+// otherwise the failing check as a storageError. It is cheap enough to
+// poll every second: a stat, a statfs and one read; it writes only when
+// the disk looks full or read-only, or a fault is in force.
+func (s *petStore) health(ctx context.Context) error {
+	if r := s.replaced.Load(); r != nil {
+		return r
+	}
+	if d := s.damage.Load(); d != nil {
+		return &storageError{kind: faultDamaged, err: errors.New(*d)}
+	}
+	if err := s.file.checkStillThere(); err != nil {
+		s.markReplaced(err)
+		return asStorageError(err)
+	}
+	if start := s.commitStart.Load(); start != 0 && time.Since(time.Unix(0, start)) > stuckCommit {
+		return &storageError{kind: faultNotAnswering, err: fmt.Errorf("a commit has been waiting on the storage for %s", time.Since(time.Unix(0, start)).Round(time.Second))}
+	}
+	if err := s.ping(ctx); err != nil {
+		if se := s.readFault(err); se != nil {
+			return se
 		}
-		f = ro
-		d.readOnly.Store(true)
+		s.faults.failed(faultNotAnswering, err, 0)
+		return &storageError{kind: faultNotAnswering, err: err}
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("database %s is in use by another petstore process; run one service per database file", path)
-		}
-		return nil, fmt.Errorf("lock database %s: %w", path, err)
+	if fault := s.faults.current(); fault != nil {
+		return fault // the writer loop probes every second until it clears
 	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("open database: %w", err)
-	}
-	d.f, d.id = f, fileIDOf(fi)
-	return d, nil
-}
-
-// checkStillThere returns a faultReplaced storageError when the path no
-// longer names the file that was opened: deleted, renamed or replaced.
-// Writing on would acknowledge pets that a restart cannot find.
-func (d *dbFile) checkStillThere() error {
-	fi, err := os.Stat(d.path)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return &storageError{kind: faultReplaced, err: fmt.Errorf("%s was deleted or renamed", d.path)}
-	case err != nil:
-		return &storageError{kind: faultIO, err: err}
-	case fileIDOf(fi) != d.id:
-		return &storageError{kind: faultReplaced, err: fmt.Errorf("%s is now another file", d.path)}
+	if s.file.looksUnwritable() {
+		return asStorageError(s.probe(ctx))
 	}
 	return nil
 }
 
-// minFreeBytes is the free space below which /healthz checks, with a
-// real write, whether a pet can still be stored: a WAL that is reused
-// after a checkpoint may still take commits on a nearly full disk.
-const minFreeBytes = 256 << 10
-
-// looksUnwritable reports whether the filesystem is read-only or nearly
-// full, or the file could be opened only for reading: then only a real
-// write tells whether a pet can be stored.
-func (d *dbFile) looksUnwritable() bool {
-	if d.readOnly.Load() {
-		return true
+// ping runs one read, and waits for it no longer than ctx allows. On a
+// frozen filesystem a read blocks in the kernel (SQLite writes to the -shm
+// mapping), where no context reaches, so the read runs in a goroutine of
+// its own; while one is stuck, the next ping fails at once instead of
+// stacking up another.
+func (s *petStore) ping(ctx context.Context) error {
+	if !s.pinging.CompareAndSwap(false, true) {
+		return &storageError{kind: faultNotAnswering, err: errors.New("an earlier read has not finished")}
 	}
-	var st syscall.Statfs_t
-	if err := syscall.Fstatfs(int(d.f.Fd()), &st); err != nil {
-		return true
+	done := make(chan error, 1)
+	go func() {
+		defer s.pinging.Store(false)
+		var one int
+		done <- s.readers.QueryRowContext(context.Background(), "SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return &storageError{kind: faultNotAnswering, err: errors.New("a read did not finish in time")}
 	}
-	const stRdonly = 1 // ST_RDONLY
-	free := st.Bavail
-	if os.Geteuid() == 0 {
-		free = st.Bfree // root may use the reserved blocks
-	}
-	return st.Flags&stRdonly != 0 || free*uint64(st.Bsize) < minFreeBytes
 }
 
-func (d *dbFile) close() error { return d.f.Close() }
+// stuckCommit is how long a commit may wait on the storage before
+// /healthz says the database is not answering.
+const stuckCommit = 5 * time.Second
+
+// probe asks the writer loop for a write that changes nothing, and
+// returns its outcome.
+func (s *petStore) probe(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case s.probes <- done:
+	case <-s.loopDone:
+		return errClosed
+	case <-ctx.Done():
+		return &storageError{kind: faultNotAnswering, err: errors.New("the writer is busy")}
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return &storageError{kind: faultNotAnswering, err: errors.New("a test write did not finish in time")}
+	}
+}
+
+// markReplaced records, once, that the path no longer names the opened
+// file, and tells the operator what to do. It reports whether err was
+// such a replacement.
+func (s *petStore) markReplaced(err error) bool {
+	var se *storageError
+	if !errors.As(err, &se) || se.kind != faultReplaced {
+		return false
+	}
+	if s.replaced.CompareAndSwap(nil, se) {
+		s.log.Error("the database file was deleted or replaced under the running service: creates are refused from now on; "+
+			"restart the service to open the file now at the path, or restore it from a backup (README: Backups and restore)",
+			"db", s.file.path, "err", se.err.Error())
+	}
+	return true
+}
+
+// readFault classifies a read error: damage is recorded, another storage
+// fault goes to the fault log, and either comes back as a storageError
+// for a 503; nil for other errors.
+func (s *petStore) readFault(err error) *storageError {
+	kind, ok := s.classify(err)
+	if !ok {
+		return nil
+	}
+	if kind == faultDamaged {
+		s.markDamaged(err.Error())
+	} else {
+		s.faults.failed(kind, err, 1)
+	}
+	return &storageError{kind: kind, err: err}
+}
+
+// classify is classifyFault in the light of the fault in force: pages
+// read back from failing storage can look corrupt, and while an I/O fault
+// is in force that is put down to it, not recorded as damage to the file.
+func (s *petStore) classify(err error) (faultKind, bool) {
+	kind, ok := classifyFault(err)
+	if kind == faultDamaged {
+		if f := s.faults.current(); f != nil && f.kind == faultIO {
+			return faultIO, true
+		}
+	}
+	return kind, ok
+}
+
+// readError is err from a read, as a storageError when the storage is at
+// fault.
+func (s *petStore) readError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if se := s.readFault(err); se != nil {
+		return se
+	}
+	return err
+}
+
+// quickCheck runs PRAGMA quick_check once, in the background so a large
+// file does not delay the start; damage it finds shows in /healthz.
+func (s *petStore) quickCheck() {
+	var result string
+	err := s.readers.QueryRowContext(context.Background(), "PRAGMA quick_check(1)").Scan(&result)
+	if err != nil {
+		if kind, ok := classifyFault(err); ok && kind == faultDamaged {
+			s.markDamaged(err.Error())
+		}
+		return
+	}
+	if result != "ok" {
+		s.markDamaged("quick_check: " + result)
+	}
+}
+
+// markDamaged records that the file is corrupt, and tells the operator
+// what to do, once.
+func (s *petStore) markDamaged(why string) {
+	if s.damage.CompareAndSwap(nil, &why) {
+		s.log.Error("database file is damaged: stop the service, move the file and its -wal and -shm aside, and restore the latest backup (README: Backups and restore)",
+			"db", s.file.path, "damage", why)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"slices"
 	"sort"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -240,4 +241,33 @@ func (v *view) add(pets []Pet) bool {
 	}
 	v.publish()
 	return true
+}
+
+// externalWriteCheck is how often the writer asks SQLite whether another
+// process wrote to the file, to rebuild the view.
+const externalWriteCheck = 250 * time.Millisecond
+
+// loadView (re)builds the in-memory view from the file. If it cannot be
+// built, reads are served from SQLite, and it is tried again later.
+func (s *petStore) loadView(w *batchWriter) {
+	start := time.Now()
+	if err := s.view.load(context.Background(), w.conn); err != nil {
+		s.viewFailedAt = time.Now()
+		if kind, ok := s.classify(err); ok && kind == faultDamaged {
+			s.markDamaged(err.Error())
+		}
+		s.log.Warn("lists and gets are read from SQLite: the in-memory view could not be loaded", "err", err.Error(), "db", s.file.path)
+		return
+	}
+	w.externalWrite() // what was loaded is the state seen
+	c := s.view.published.Load()
+	s.view.limitMemory()
+	s.log.Info("in-memory view loaded", "pets", len(c.ids), "bytes", c.bytes(),
+		"took", time.Since(start).Round(time.Millisecond).String())
+}
+
+// viewRetry reports whether a view that failed to load should be tried
+// again: not more often than every 10 s.
+func (s *petStore) viewRetry() bool {
+	return time.Since(s.viewFailedAt) > 10*time.Second
 }

@@ -1,0 +1,202 @@
+// Backups: "petstore backup", one consistent copy or a directory of
+// snapshots with retention, written with VACUUM INTO and checked before
+// it is called a backup.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"time"
+)
+
+// runBackup is "petstore backup [-db FILE] BACKUP-FILE", or, for
+// scheduled snapshots, "petstore backup [-db FILE] -dir DIR [-keep N]".
+func runBackup(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	const usage = "petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"
+	fs := newFlagSet("petstore backup")
+	var db, dir string
+	var keep int
+	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database file to back up")
+	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this directory instead of BACKUP-FILE")
+	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep, the newest; older ones this command wrote are deleted")
+	files, err := parseInterspersed(fs, args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "Usage: %s\n\nWrites a consistent copy of the database, also while the service runs.\n\nFlags:\n", usage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return nil
+		}
+		return fmt.Errorf("backup: %w", err)
+	}
+	if dir == "" {
+		if len(files) != 1 {
+			return fmt.Errorf("backup: name one backup file, or -dir (got %d names): %s", len(files), usage)
+		}
+		dst := files[0]
+		pets, err := backupDatabase(ctx, db, dst)
+		if err != nil {
+			return fmt.Errorf("backup: %w", err)
+		}
+		fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, dst, pets)
+		return nil
+	}
+	if len(files) != 0 {
+		return errors.New("backup: with -dir, name no backup file: " + usage)
+	}
+	if keep < 1 {
+		return fmt.Errorf("backup: -keep must be at least 1, got %d", keep)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	dst := filepath.Join(dir, snapshotName(time.Now()))
+	pets, err := backupDatabase(ctx, db, dst)
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, dst, pets)
+	removed, err := pruneSnapshots(dir, keep, filepath.Base(dst))
+	for _, name := range removed {
+		fmt.Fprintf(stdout, "deleted the older snapshot %s\n", filepath.Join(dir, name))
+	}
+	if err != nil {
+		return fmt.Errorf("backup: the snapshot was written, but older ones were not all deleted: %w", err)
+	}
+	return nil
+}
+
+// snapshotPattern matches the names of the snapshots that -dir writes,
+// and only those: retention never touches another file.
+var snapshotPattern = regexp.MustCompile(`^petstore-\d{8}T\d{6}Z\.db$`)
+
+// snapshotName is a snapshot's file name: its UTC time, so that names
+// sort in time order.
+func snapshotName(t time.Time) string {
+	return "petstore-" + t.UTC().Format("20060102T150405Z") + ".db"
+}
+
+// pruneSnapshots deletes the oldest snapshots in dir beyond the newest
+// keep, never the one just written and never a file whose name is not a
+// snapshot's. It returns the names it deleted.
+func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && snapshotPattern.MatchString(e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
+	slices.Sort(names)
+	var removed []string
+	for len(names) > keep {
+		name := names[0]
+		names = names[1:]
+		if name == justWritten {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			return removed, err
+		}
+		removed = append(removed, name)
+	}
+	return removed, nil
+}
+
+// backupDatabase writes a consistent copy of the database file src to dst
+// while the service may be writing to src. VACUUM INTO reads one snapshot
+// (a WAL read transaction) and so neither blocks the writer nor copies a
+// half-committed state; the copy is compacted and self-contained (no
+// -wal file). The copy is written to a temporary file beside dst, checked,
+// fsynced, and only then linked into place, so an interrupted backup
+// leaves nothing at dst that could pass for a backup. dst must not exist.
+// It returns how many pets the copy holds.
+func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
+	if _, err := os.Stat(src); err != nil {
+		return 0, fmt.Errorf("database to back up: %w", err)
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		return 0, fmt.Errorf("backup file %s already exists; a backup never overwrites a file", dst)
+	}
+	// Created empty and private here; VACUUM INTO fills an empty file.
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
+	if err != nil {
+		return 0, fmt.Errorf("backup file: %w", err)
+	}
+	tmpPath := tmp.Name()
+	tmp.Close()
+	defer func() {
+		os.Remove(tmpPath)
+		os.Remove(tmpPath + "-journal")
+	}()
+
+	db, err := sql.Open(sqliteDriver, sqliteDSN(src))
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", tmpPath); err != nil {
+		return 0, fmt.Errorf("back up %s: %w", src, err)
+	}
+	if pets, err = checkBackup(ctx, tmpPath); err != nil {
+		return 0, err
+	}
+	if err := syncPath(tmpPath); err != nil {
+		return 0, fmt.Errorf("backup file: %w", err)
+	}
+	// A link, unlike a rename, refuses to replace a file that appeared at
+	// dst meanwhile.
+	if err := os.Link(tmpPath, dst); err != nil {
+		return 0, fmt.Errorf("backup file: %w", err)
+	}
+	if err := syncPath(filepath.Dir(dst)); err != nil {
+		return 0, fmt.Errorf("backup file: %w", err)
+	}
+	return pets, nil
+}
+
+// checkBackup checks a copy before it is called a backup, and counts its
+// pets. It opens the copy read-only and without our DSN options, which
+// would turn it into a WAL database with -wal and -shm files beside it.
+func checkBackup(ctx context.Context, path string) (pets int64, err error) {
+	out, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
+	if err != nil {
+		return 0, err
+	}
+	defer out.Close()
+	var check string
+	if err := out.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&check); err != nil {
+		return 0, fmt.Errorf("check backup: %w", err)
+	}
+	if check != "ok" {
+		return 0, fmt.Errorf("check backup: integrity_check says %q", check)
+	}
+	if err := out.QueryRowContext(ctx, "SELECT count(*) FROM pets").Scan(&pets); err != nil {
+		return 0, fmt.Errorf("check backup: %w", err)
+	}
+	return pets, nil
+}
+
+// syncPath fsyncs a file or a directory, so what was written to it, or a
+// name added to it, is on stable storage.
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

@@ -1,0 +1,249 @@
+// Configuration: the serving flags, each with an environment variable as
+// its default, parsed and refused the same way from either source.
+
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// config is what the flags and environment say.
+type config struct {
+	addr              string
+	db                string
+	apiKeysFile       string
+	tlsCert, tlsKey   string
+	readHeaderTimeout time.Duration
+	readTimeout       time.Duration
+	writeTimeout      time.Duration
+	idleTimeout       time.Duration
+	maxHeaderBytes    int
+	logFormat         string
+	logLevel          slog.Level
+	corsOrigins       []string
+	maxConns          int
+	rateLimit         rateLimit // zero: off
+	version           bool
+}
+
+// flagEnv defines flags whose defaults come from environment variables,
+// so systemd units and shells can use either. A malformed variable is
+// remembered and reported after parsing, like a malformed flag.
+type flagEnv struct {
+	fs     *flag.FlagSet
+	getenv func(string) string
+	err    error
+}
+
+func (f *flagEnv) string(p *string, name, env, def, usage string) {
+	if v := f.getenv(env); v != "" {
+		def = v
+	}
+	f.fs.StringVar(p, name, def, usage+" (env "+env+")")
+}
+
+func (f *flagEnv) duration(p *time.Duration, name, env string, def time.Duration, usage string) {
+	checked(f, p, name, env, def, def.String(), "a positive duration such as 5s or 1m30s", usage, func(v string) (time.Duration, error) {
+		d, err := time.ParseDuration(v)
+		if err == nil && d <= 0 {
+			err = errors.New("not positive")
+		}
+		return d, err
+	})
+}
+
+func (f *flagEnv) int(p *int, name, env string, def int, usage string) {
+	checked(f, p, name, env, def, strconv.Itoa(def), "a positive integer", usage, func(v string) (int, error) {
+		n, err := strconv.Atoi(v)
+		if err == nil && n <= 0 {
+			err = errors.New("not positive")
+		}
+		return n, err
+	})
+}
+
+// checked defines a flag whose value, given on the command line or in
+// its environment variable, goes through the same parse, so both accept
+// the same values and are refused with the same message, naming both.
+func checked[T any](f *flagEnv, p *T, name, env string, def T, defText, want, usage string, parse func(string) (T, error)) {
+	*p = def
+	v := &checkedValue[T]{p: p, text: defText, parse: parse,
+		refuse: func(value string) error {
+			err := fmt.Errorf("-%s (%s) must be %s, got %q", name, env, want, value)
+			f.err = errors.Join(f.err, err)
+			return err
+		}}
+	if e := f.getenv(env); e != "" {
+		v.Set(e)
+	}
+	f.fs.Var(v, name, usage+" (env "+env+")")
+}
+
+// checkedValue is the flag.Value of checked.
+type checkedValue[T any] struct {
+	p      *T
+	text   string
+	parse  func(string) (T, error)
+	refuse func(string) error
+}
+
+func (v *checkedValue[T]) String() string { return v.text }
+
+func (v *checkedValue[T]) Set(s string) error {
+	x, err := v.parse(s)
+	if err != nil {
+		return v.refuse(s)
+	}
+	*v.p, v.text = x, s
+	return nil
+}
+
+// newFlagSet returns a FlagSet that does not print: main prints the one
+// error line instead, and -h prints usage to stdout.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// parseFlags reads the serving command line.
+func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (config, error) {
+	var c config
+	fs := newFlagSet("petstore")
+	f := &flagEnv{fs: fs, getenv: getenv}
+	f.string(&c.addr, "addr", "PETSTORE_ADDR", "127.0.0.1:8080", "listen address, host:port")
+	f.string(&c.db, "db", "PETSTORE_DB", "petstore.db", "SQLite database file, created if missing")
+	f.string(&c.apiKeysFile, "api-keys-file", "PETSTORE_API_KEYS_FILE", "", "file of API keys, one a line, plain or sha256:<hex>; SIGHUP re-reads it")
+	f.string(&c.tlsCert, "tls-cert", "PETSTORE_TLS_CERT", "", "PEM certificate chain; with -tls-key, serve HTTPS")
+	f.string(&c.tlsKey, "tls-key", "PETSTORE_TLS_KEY", "", "PEM private key for -tls-cert")
+	f.duration(&c.readHeaderTimeout, "read-header-timeout", "PETSTORE_READ_HEADER_TIMEOUT", 5*time.Second, "time allowed to send the request headers")
+	f.duration(&c.readTimeout, "read-timeout", "PETSTORE_READ_TIMEOUT", 30*time.Second, "time allowed to send the whole request")
+	f.duration(&c.writeTimeout, "write-timeout", "PETSTORE_WRITE_TIMEOUT", 30*time.Second, "time allowed from the end of the request headers to the end of the response")
+	f.duration(&c.idleTimeout, "idle-timeout", "PETSTORE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive connection is kept")
+	f.int(&c.maxHeaderBytes, "max-header-bytes", "PETSTORE_MAX_HEADER_BYTES", 16<<10, "largest request header block, in bytes")
+	f.string(&c.logFormat, "log-format", "PETSTORE_LOG_FORMAT", "text", "log format: text or json")
+	var level, origins string
+	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log level: debug, info (one line per request), warn or error")
+	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser origins allowed to call the API, comma-separated, exact (https://office.example.com)")
+	var maxConns, rate, burst string
+	f.string(&maxConns, "max-conns", "PETSTORE_MAX_CONNS", "", fmt.Sprintf(
+		"most client connections open at once; more wait at the listener (default: the descriptor limit less room for the database, here %d)", defaultMaxConns()))
+	f.string(&rate, "rate-limit", "PETSTORE_RATE_LIMIT", "", "requests per API key, such as 50/s, 3000/m or 100000/h; off when empty")
+	f.string(&burst, "rate-burst", "PETSTORE_RATE_BURST", "", "requests a key may send at once before the rate applies (default: the rate's count, 50 for 50/s)")
+	fs.BoolVar(&c.version, "version", false, "print the version and exit")
+	err := fs.Parse(args[1:])
+	if err != nil && f.err != nil {
+		return c, f.err // a flag or variable refused, with its message
+	}
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			// "petstore", not args[0]: under go run that is a path in the
+			// build cache.
+			fmt.Fprint(stdout, "Usage: petstore [flags]\n       petstore backup [-db FILE] BACKUP-FILE\n"+
+				"       petstore backup [-db FILE] -dir DIR [-keep N]\n       petstore keygen\n\n"+
+				"API keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file.\n"+
+				"Each flag can also be set by the environment variable named with it; a flag wins.\n\nFlags:\n")
+			fs.PrintDefaults()
+		}
+		return c, err
+	}
+	if f.err != nil {
+		return c, f.err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q (commands: backup, keygen)", fs.Arg(0))
+	}
+	if (c.tlsCert == "") != (c.tlsKey == "") {
+		return c, errors.New("-tls-cert and -tls-key go together: give both or neither")
+	}
+	if c.logFormat != "text" && c.logFormat != "json" {
+		return c, fmt.Errorf("-log-format (PETSTORE_LOG_FORMAT) must be text or json, got %q", c.logFormat)
+	}
+	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return c, fmt.Errorf("-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got %q", level)
+	}
+	c.maxConns = defaultMaxConns()
+	if maxConns != "" {
+		n, err := strconv.Atoi(maxConns)
+		if err != nil || n < 1 {
+			return c, fmt.Errorf("-max-conns (PETSTORE_MAX_CONNS) must be a positive integer, got %q", maxConns)
+		}
+		c.maxConns = n
+	}
+	if c.rateLimit, err = parseRateLimit(rate, burst); err != nil {
+		return c, err
+	}
+	for _, o := range strings.Split(origins, ",") {
+		if o = strings.TrimSpace(o); o == "" {
+			continue
+		}
+		// A browser's Origin never ends in "/", but an address copied from
+		// its address bar does: the slash is dropped, not held against it.
+		origin := strings.TrimSuffix(o, "/")
+		if u, err := url.Parse(origin); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return c, fmt.Errorf("-cors-origins (PETSTORE_CORS_ORIGINS): %q is not an origin: write the scheme and host (and port), such as https://office.example.com, with no path", o)
+		}
+		c.corsOrigins = append(c.corsOrigins, origin)
+	}
+	return c, nil
+}
+
+// parseInterspersed parses flags that may come before or after the
+// other arguments ("backup FILE -db X" as well as "backup -db X FILE"),
+// and returns those arguments.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return rest, nil
+		}
+		rest = append(rest, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// rateLimit is -rate-limit and -rate-burst: a token bucket per API key.
+type rateLimit struct {
+	perSecond float64 // 0: off
+	burst     int     // the bucket's size
+	window    int     // seconds for the burst to refill, for RateLimit-Policy
+}
+
+// parseRateLimit reads "N/s", "N/m" or "N/h" and an optional burst; ""
+// is off. The burst defaults to N: "100/m" lets a key send 100 at once,
+// then one every 0.6 s.
+func parseRateLimit(rate, burst string) (rateLimit, error) {
+	if rate == "" || rate == "off" {
+		if burst != "" {
+			return rateLimit{}, errors.New("-rate-burst (PETSTORE_RATE_BURST) needs -rate-limit (PETSTORE_RATE_LIMIT)")
+		}
+		return rateLimit{}, nil
+	}
+	count, unit, _ := strings.Cut(rate, "/")
+	n, err := strconv.Atoi(count)
+	seconds := map[string]int{"s": 1, "m": 60, "h": 3600}[unit]
+	if err != nil || n < 1 || seconds == 0 {
+		return rateLimit{}, fmt.Errorf("-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got %q", rate)
+	}
+	l := rateLimit{perSecond: float64(n) / float64(seconds), burst: n}
+	if burst != "" {
+		if l.burst, err = strconv.Atoi(burst); err != nil || l.burst < 1 {
+			return rateLimit{}, fmt.Errorf("-rate-burst (PETSTORE_RATE_BURST) must be a positive integer, got %q", burst)
+		}
+	}
+	l.window = int(math.Ceil(float64(l.burst) / l.perSecond))
+	return l, nil
+}

@@ -1,0 +1,146 @@
+// Logging: the service's logger, which tags every line of a request with
+// its id, and the asynchronous writer that keeps a stalled log output
+// from ever holding up a request.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// newLogger builds the service's logger. Every line logged with a
+// request's context carries that request's id.
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
+	if format == "json" {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	return slog.New(requestIDHandler{h})
+}
+
+// requestIDHandler adds the request id of the context to each record.
+type requestIDHandler struct{ slog.Handler }
+
+func (h requestIDHandler) Handle(ctx context.Context, r slog.Record) error {
+	if info, ok := lookupRequestInfo(ctx); ok {
+		r.AddAttrs(slog.String("request_id", info.id))
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h requestIDHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return requestIDHandler{h.Handler.WithAttrs(attrs)}
+}
+
+func (h requestIDHandler) WithGroup(name string) slog.Handler {
+	return requestIDHandler{h.Handler.WithGroup(name)}
+}
+
+// logWriter stands between the logger and its output (a terminal, a
+// pipe, journald, a file), so that an output which stalls never holds up a
+// request. Lines wait in a bounded queue that one goroutine writes out,
+// several at a time; a full queue drops lines and counts them, and once
+// writing works again the count is logged.
+type logWriter struct {
+	out    io.Writer
+	format string
+
+	mu      sync.Mutex
+	queue   []byte // whole lines waiting to be written
+	dropped int    // lines lost since the last notice
+	closed  bool
+	wake    chan struct{}
+	done    chan struct{}
+}
+
+// maxQueuedLog bounds the lines waiting for a stalled output.
+const maxQueuedLog = 4 << 20
+
+func newLogWriter(out io.Writer, format string) *logWriter {
+	w := &logWriter{out: out, format: format, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go w.loop()
+	return w
+}
+
+// Write queues one line; it never blocks on the output.
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || len(w.queue)+len(p) > maxQueuedLog {
+		w.dropped++
+		return len(p), nil
+	}
+	w.queue = append(w.queue, p...)
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (w *logWriter) loop() {
+	defer close(w.done)
+	for {
+		_, open := <-w.wake
+		w.drain()
+		if !open {
+			return
+		}
+	}
+}
+
+// drain writes out the queue until it is empty.
+func (w *logWriter) drain() {
+	var batch []byte
+	for {
+		w.mu.Lock()
+		batch, w.queue = w.queue, batch[:0]
+		dropped := w.dropped
+		w.mu.Unlock()
+		if len(batch) == 0 {
+			return
+		}
+		if _, err := w.out.Write(batch); err != nil {
+			w.mu.Lock()
+			w.dropped += bytes.Count(batch, []byte{'\n'})
+			w.mu.Unlock()
+			continue
+		}
+		if dropped > 0 && w.noteDropped(dropped) {
+			w.mu.Lock()
+			w.dropped -= dropped
+			w.mu.Unlock()
+		}
+	}
+}
+
+// noteDropped logs how many lines were lost, in the log's own format.
+func (w *logWriter) noteDropped(n int) bool {
+	var line bytes.Buffer
+	newLogger(&line, w.format, slog.LevelWarn).Warn("log lines were dropped: the log output did not take them", "lines", n)
+	_, err := w.out.Write(line.Bytes())
+	return err == nil
+}
+
+// close writes out what is queued, waiting at most wait for an output
+// that does not take it.
+func (w *logWriter) close(wait time.Duration) {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
+	w.closed = true
+	close(w.wake)
+	w.mu.Unlock()
+	select {
+	case <-w.done:
+	case <-time.After(wait):
+	}
+}

@@ -1,0 +1,357 @@
+// The middleware a request meets on its way to a handler, in the order
+// newHandler chains them: secure headers, request id and access log,
+// panic recovery, CORS, clean paths; then, per route, the rate limit
+// and the deprecation headers.
+
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"math"
+	mathrand "math/rand/v2"
+	"net/http"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// secureHeaders marks every answer as not to be cached (it is one
+// client's view of changing data, behind a key) and not to be sniffed as
+// anything but its declared type.
+func secureHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h["Cache-Control"] = noStore
+		h["X-Content-Type-Options"] = noSniff
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requestInfo is what the access log learns about a request on its way
+// through: its id, and which key it used.
+type requestInfo struct {
+	id     string
+	key    keyDigest // the SHA-256 of the key sent
+	hasKey bool      // a key was sent
+}
+
+// keyIDString is the key id as the log shows it: the first 8 hex digits
+// of the key's digest, or "".
+func (info *requestInfo) keyIDString() string {
+	if !info.hasKey {
+		return ""
+	}
+	return hex.EncodeToString(info.key[:4])
+}
+
+type requestInfoKey struct{}
+
+// lookupRequestInfo returns the request's info; ok is false outside
+// logRequests.
+func lookupRequestInfo(ctx context.Context) (info *requestInfo, ok bool) {
+	info, ok = ctx.Value(requestInfoKey{}).(*requestInfo)
+	return info, ok
+}
+
+// noteKeyID records which key a request sent, for the access log. The log
+// names a key by its digest's first 8 hex digits: enough to tell keys
+// apart, useless to recover one.
+func noteKeyID(r *http.Request, d keyDigest) {
+	info := requestInfoFrom(r.Context())
+	info.key, info.hasKey = d, true
+}
+
+// requestInfoFrom returns the request's info, or an empty one outside
+// logRequests.
+func requestInfoFrom(ctx context.Context) *requestInfo {
+	if info, ok := lookupRequestInfo(ctx); ok {
+		return info
+	}
+	return &requestInfo{}
+}
+
+// maxRequestID is the longest X-Request-Id kept from a client.
+const maxRequestID = 128
+
+// requestIDFrom keeps a client's X-Request-Id when it is of sane length
+// and characters (so it cannot forge log lines or bloat them), and makes a
+// new one otherwise.
+func requestIDFrom(r *http.Request) string {
+	id := r.Header.Get("X-Request-Id")
+	ok := id != "" && len(id) <= maxRequestID
+	for i := 0; ok && i < len(id); i++ {
+		c := id[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-_.:", c) >= 0
+	}
+	if ok {
+		return id
+	}
+	// Unique enough to find a request in the logs; not a secret.
+	return strconv.FormatUint(mathrand.Uint64()|1<<63, 16)
+}
+
+// statusRecorder remembers the status and size of an answer for the
+// access log, and carries the request's info (one allocation for both).
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	bytes  int
+	info   requestInfo
+}
+
+func (w *statusRecorder) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusRecorder) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += n
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// logRequests gives every request an id (echoed in X-Request-Id and
+// attached to every log line of the request) and writes one access line
+// when it is answered: the path without the query, never the key, only a
+// short digest of it.
+func logRequests(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, info: requestInfo{id: requestIDFrom(r)}}
+		info := &rec.info
+		w.Header()["X-Request-Id"] = []string{info.id}
+		ctx := context.WithValue(r.Context(), requestInfoKey{}, info)
+		next.ServeHTTP(rec, r.WithContext(ctx))
+		if !log.Enabled(ctx, slog.LevelInfo) {
+			return
+		}
+		log.LogAttrs(ctx, slog.LevelInfo, "request",
+			slog.String("method", r.Method),
+			slog.String("path", r.URL.Path),
+			slog.Int("status", rec.status),
+			slog.Int("bytes", rec.bytes),
+			slog.Duration("duration", time.Since(start)),
+			slog.String("key_id", info.keyIDString()))
+	})
+}
+
+// recoverPanics turns a panic in a handler into a logged 500 with the
+// Error body, instead of net/http's dropped connection.
+func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v) // net/http's own way to abort a response
+			}
+			log.ErrorContext(r.Context(), "panic in handler", "method", r.Method, "path", r.URL.Path, "panic", v)
+			writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(w))
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// cors lets a browser back office on one of origins call the API. It
+// answers preflights for the routes (before the key check: browsers send
+// no credentials on a preflight) and marks answers to those origins as
+// readable. Other origins get no CORS headers, so browsers keep their
+// default of refusing.
+func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[string][]string, next http.Handler) http.Handler {
+	refused := &refusedOrigins{log: log, seen: map[string]bool{}}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		origin := r.Header.Get("Origin")
+		if origin == "" {
+			next.ServeHTTP(w, r) // not a browser's cross-origin call
+			return
+		}
+		h := w.Header()
+		if len(origins) > 0 {
+			h.Add("Vary", "Origin")
+		}
+		if !slices.Contains(origins, origin) {
+			refused.note(r, origin)
+			next.ServeHTTP(w, r)
+			return
+		}
+		h.Set("Access-Control-Allow-Origin", origin)
+		if wanted := r.Header.Get("Access-Control-Request-Method"); r.Method == http.MethodOptions && wanted != "" {
+			// Ask the mux which route the real request would reach.
+			probe := r.Clone(r.Context())
+			probe.Method = wanted
+			if _, pattern := mux.Handler(probe); strings.Contains(pattern, " ") {
+				_, path, _ := strings.Cut(pattern, " ")
+				h.Set("Access-Control-Allow-Methods", strings.Join(methods[path], ", "))
+				h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, Idempotency-Key, X-Request-Id")
+				h.Set("Access-Control-Max-Age", "600")
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+		}
+		h.Set("Access-Control-Expose-Headers", "Link, Location, X-Request-Id, Deprecation, Sunset, Idempotent-Replayed, WWW-Authenticate")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// refusedOrigins logs, once per origin, a browser page on another origin
+// that the service refuses (browsers then block it without a word to the
+// server's operator): a page moved, or -cors-origins lacks it. At most
+// maxLoggedOrigins are remembered, so a flood of made-up origins cannot
+// grow memory or the log.
+type refusedOrigins struct {
+	log     *slog.Logger
+	mu      sync.Mutex
+	seen    map[string]bool
+	dropped bool
+}
+
+const maxLoggedOrigins = 100
+
+func (o *refusedOrigins) note(r *http.Request, origin string) {
+	if u, err := url.Parse(origin); err == nil && u.Host == r.Host {
+		return // the page is on the service's own origin: no CORS involved
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case o.seen[origin]:
+	case len(o.seen) < maxLoggedOrigins:
+		o.seen[origin] = true
+		o.log.WarnContext(r.Context(), "browser origin refused: it is not in -cors-origins, so browsers will not let its pages read the answers; add it there if it is the back office",
+			"origin", origin, "method", r.Method, "path", r.URL.Path)
+	case !o.dropped:
+		o.dropped = true
+		o.log.WarnContext(r.Context(), "browser origin refused; more refused origins will not be logged", "origin", origin)
+	}
+}
+
+// rejectUncleanPaths answers 404 for paths with "//", "." or ".."
+// segments. The mux would redirect them, and a redirect is neither the
+// JSON error body nor something a script's curl follows by default.
+func rejectUncleanPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if !strings.HasPrefix(p, "/") {
+			notFound(w, r) // "*" of OPTIONS *, or the empty path of CONNECT
+			return
+		}
+		clean := path.Clean(p) // allocates only when p is not clean
+		if strings.HasSuffix(p, "/") && clean != "/" {
+			clean += "/"
+		}
+		if p != clean {
+			notFound(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// rateLimiter keeps one token bucket per API key, so one runaway script
+// cannot take all the capacity from the other clients. Buckets are keyed
+// by the key's digest, never its text, and only valid keys get one (a
+// wrong key is answered 401 before), so memory is bounded by the keys
+// configured; a bucket that has refilled is the same as none and is
+// dropped.
+type rateLimiter struct {
+	rate    rateLimit
+	policy  []string // the RateLimit-Policy value
+	mu      sync.Mutex
+	buckets map[keyDigest]*tokenBucket
+	takes   int
+}
+
+type tokenBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// newRateLimiter returns nil when the limit is off.
+func newRateLimiter(l rateLimit) *rateLimiter {
+	if l.perSecond == 0 {
+		return nil
+	}
+	return &rateLimiter{rate: l, buckets: map[keyDigest]*tokenBucket{},
+		policy: []string{fmt.Sprintf(`"per-key";q=%d;w=%d`, l.burst, l.window)}}
+}
+
+// take spends a token of the key's bucket. It returns whether the request
+// may go on, the tokens left, and the seconds until the bucket is full
+// (allowed) or holds a token again (refused).
+func (l *rateLimiter) take(key keyDigest, now time.Time) (ok bool, left int, wait int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	burst := float64(l.rate.burst)
+	if l.takes++; l.takes%1024 == 0 {
+		for k, b := range l.buckets {
+			if b.tokens+now.Sub(b.at).Seconds()*l.rate.perSecond >= burst {
+				delete(l.buckets, k)
+			}
+		}
+	}
+	b := l.buckets[key]
+	if b == nil {
+		b = &tokenBucket{tokens: burst, at: now}
+		l.buckets[key] = b
+	}
+	b.tokens = min(burst, b.tokens+now.Sub(b.at).Seconds()*l.rate.perSecond)
+	b.at = now
+	if b.tokens < 1 {
+		return false, 0, int(math.Ceil((1 - b.tokens) / l.rate.perSecond))
+	}
+	b.tokens--
+	return true, int(b.tokens), int(math.Ceil((burst - b.tokens) / l.rate.perSecond))
+}
+
+// limit answers 429 to a key over its rate, and marks every answer with
+// the IETF RateLimit-Policy and RateLimit fields
+// (draft-ietf-httpapi-ratelimit-headers). It runs after the key check, so
+// only valid keys are counted. A nil limiter lets everything through.
+func (l *rateLimiter) limit(next http.Handler) http.Handler {
+	if l == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ok, left, wait := l.take(requestInfoFrom(r.Context()).key, time.Now())
+		h := w.Header()
+		h["Ratelimit-Policy"] = l.policy
+		h["Ratelimit"] = []string{`"per-key";r=` + strconv.Itoa(left) + ";t=" + strconv.Itoa(wait)}
+		if !ok {
+			h["Retry-After"] = []string{strconv.Itoa(wait)}
+			writeError(w, http.StatusTooManyRequests, codeRateLimited,
+				fmt.Sprintf("rate limit of this API key exceeded (%d requests, refilled over %d s); retry after %d s", l.rate.burst, l.rate.window, wait))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// deprecated marks every answer of getPet as deprecated (RFC 9745), with
+// its removal date (RFC 8594) and the operation that replaces it.
+func deprecated(next http.Handler) http.Handler {
+	deprecation, sunset, link := []string{getPetDeprecation}, []string{getPetSunset}, []string{getPetSuccessor}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h["Deprecation"] = deprecation
+		h["Sunset"] = sunset
+		h["Link"] = link
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,528 @@
+// The writer: creates queue for one goroutine that owns the one writer
+// connection and commits whatever is queued in one transaction and one
+// fsync (group commit). A 201 is sent only after its commit.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+)
+
+// errClosed is returned for writes after close.
+var errClosed = errors.New("store is closed")
+
+// errTimedOut refuses a create whose commit could not begin before its
+// deadline; it was not stored.
+var errTimedOut = &storageError{kind: faultTimedOut, err: errors.New("the create's deadline passed before its commit began")}
+
+// createRequest is one create: the pet and, when the client sent one, its
+// Idempotency-Key with a fingerprint of what it asked for.
+type createRequest struct {
+	pet            NewPet
+	idempotencyKey string // "" when the client sent none
+	// deadline is when the client must have its answer; a create whose
+	// commit has not begun by then is not stored. Zero: none.
+	deadline time.Time
+}
+
+// fingerprint identifies what a create asks for, after defaults: two
+// bodies that would store the same pet have the same fingerprint. NUL
+// cannot occur in a valid name, so the fields cannot run together.
+func (c createRequest) fingerprint() []byte {
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%s", c.pet.Name, c.pet.CategoryID, c.pet.Status))
+	return sum[:]
+}
+
+// maxBatch bounds how many creates share one transaction.
+const maxBatch = 256
+
+// writeRequest is a create waiting for the writer loop.
+type writeRequest struct {
+	ctx  context.Context
+	req  createRequest
+	done chan writeResult // buffered: the loop never blocks on it
+	// state settles a race at the deadline: the writer takes a request
+	// (pending to taken) before its transaction begins, or the waiting
+	// handler gives it up (pending to abandoned), never both.
+	state atomic.Int32
+}
+
+const (
+	requestPending int32 = iota
+	requestTaken
+	requestAbandoned
+)
+
+// writeResult is the writer loop's answer to one writeRequest.
+type writeResult struct {
+	pet      Pet
+	replayed bool
+	err      error
+}
+
+// createPet stores the pet and returns it with its new id; it returns
+// only after the row is committed. With an idempotency key already used
+// for the same request it returns the pet that request created and
+// replayed true; used for another request, errIdempotencyKeyReused.
+func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, error) {
+	w := &writeRequest{ctx: ctx, req: c, done: make(chan writeResult, 1)}
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return Pet{}, false, errClosed
+	}
+	select {
+	case s.writes <- w:
+		s.mu.RUnlock()
+	default:
+		// The queue is full: wait, but not past the deadline.
+		var expired <-chan time.Time
+		if !c.deadline.IsZero() {
+			timer := time.NewTimer(time.Until(c.deadline))
+			defer timer.Stop()
+			expired = timer.C
+		}
+		select {
+		case s.writes <- w:
+			s.mu.RUnlock()
+		case <-ctx.Done():
+			s.mu.RUnlock()
+			return Pet{}, false, ctx.Err()
+		case <-expired:
+			s.mu.RUnlock()
+			return Pet{}, false, errTimedOut
+		}
+	}
+	// Once queued, wait for the outcome even if the client has gone: the
+	// row may be committed, and the answer must say what happened. At the
+	// deadline, a create the writer has not taken yet is given up, and so
+	// never stored; one it has taken is answered within the deadline
+	// (its lock wait is bounded by it) or, if its commit is slow, late.
+	var expired <-chan time.Time
+	if !c.deadline.IsZero() {
+		timer := time.NewTimer(time.Until(c.deadline))
+		defer timer.Stop()
+		expired = timer.C
+	}
+	select {
+	case r := <-w.done:
+		return r.pet, r.replayed, r.err
+	case <-expired:
+		if w.state.CompareAndSwap(requestPending, requestAbandoned) {
+			return Pet{}, false, errTimedOut
+		}
+		r := <-w.done
+		return r.pet, r.replayed, r.err
+	}
+}
+
+// writeLoop owns the writer connection. It takes whatever creates are
+// queued, up to maxBatch, and commits them in one transaction with one
+// fsync. It never waits for company: a lone create is committed at once,
+// and creates that arrive meanwhile queue for the next batch, which is
+// how batches form under load. Once a second it also bounds the WAL and,
+// while a storage fault is in force, tries a write to see it clear.
+func (s *petStore) writeLoop(w *batchWriter) {
+	defer close(s.loopDone)
+	defer func() { w.close() }()
+	// The view is loaded here, by the writer, so that no commit can fall
+	// between reading the table and extending the view. Reads go to
+	// SQLite until it is ready, so a large file answers at once.
+	s.loadView(w)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	watch := time.NewTicker(externalWriteCheck)
+	defer watch.Stop()
+	batch := make([]*writeRequest, 0, maxBatch)
+	for {
+		select {
+		case first, ok := <-s.writes:
+			if !ok {
+				return
+			}
+			batch = append(batch[:0], first)
+		fill:
+			for len(batch) < maxBatch {
+				select {
+				case r, ok := <-s.writes:
+					if !ok {
+						break fill
+					}
+					batch = append(batch, r)
+				default:
+					break fill
+				}
+			}
+			s.commit(w, batch)
+		case done := <-s.probes:
+			done <- s.probeWrite(&w)
+		case <-watch.C:
+			if w.externalWrite() || s.view.master == nil && s.viewRetry() {
+				s.loadView(w)
+			}
+		case <-tick.C:
+			if s.faults.current() != nil || s.replaced.Load() != nil {
+				s.probeWrite(&w)
+			}
+			w.checkWAL(s.file.path+"-wal", s.opts.walLimit)
+		}
+	}
+}
+
+// commit stores a batch and answers every request in it. Before and after
+// the commit it checks that the path still names the opened file: a 201
+// is never sent for a pet that a restart would not find. A storage fault
+// refuses the whole batch with a storageError and is logged once, by the
+// fault log, not per request.
+func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
+	refuse := func(err error) {
+		kind, _ := classifyFault(err)
+		if kind != faultReplaced && kind != faultDamaged {
+			s.faults.failed(kind, err, len(batch))
+		}
+		for _, r := range batch {
+			r.done <- writeResult{err: err}
+		}
+	}
+	if err := s.checkFile(w); err != nil {
+		refuse(err)
+		return
+	}
+	if d := s.damage.Load(); d != nil {
+		refuse(&storageError{kind: faultDamaged, err: errors.New(*d)})
+		return
+	}
+	s.commitStart.Store(time.Now().UnixNano())
+	results, err := w.commit(batch)
+	s.commitStart.Store(0)
+	if err == nil {
+		if err := s.checkFile(w); err != nil {
+			// Committed, but to a file no longer at the path.
+			refuse(err)
+			return
+		}
+		s.faults.succeeded()
+		// The view learns of the new pets before their clients do, so a
+		// client reads its own writes.
+		added := make([]Pet, 0, len(batch))
+		for _, r := range results {
+			if r.err == nil && !r.replayed {
+				added = append(added, r.pet)
+			}
+		}
+		if !s.view.add(added) && s.viewRetry() {
+			s.loadView(w)
+		}
+		for i, r := range batch {
+			r.done <- results[i]
+		}
+		return
+	}
+	if kind, ok := s.classify(err); ok {
+		if kind == faultDamaged {
+			s.markDamaged(err.Error())
+		}
+		refuse(&storageError{kind: kind, err: err})
+		return
+	}
+	if len(batch) > 1 {
+		// One bad request must not fail its neighbours: the transaction is
+		// rolled back, so commit each on its own and let only the culprit
+		// fail.
+		for _, r := range batch {
+			s.commit(w, []*writeRequest{r})
+		}
+		return
+	}
+	batch[0].done <- writeResult{err: err}
+}
+
+// checkFile returns an error once the path no longer names the opened
+// file. The first time, the writer empties the WAL, which is still this
+// file's: left with frames, it could be paired with the new file at the
+// next start and corrupt it.
+func (s *petStore) checkFile(w *batchWriter) error {
+	if s.replaced.Load() == nil {
+		if err := s.file.checkStillThere(); err != nil {
+			if !s.markReplaced(err) {
+				return err // not a replacement: stat itself failed
+			}
+		}
+	}
+	r := s.replaced.Load()
+	if r == nil {
+		return nil
+	}
+	if !w.walEmptied {
+		w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
+		w.walEmptied = true
+	}
+	return r
+}
+
+// probeWrite rewrites the schema version with the value it has: a real
+// write and fsync that changes nothing, to learn whether a pet could be
+// stored now. During a read-only fault the writer connection is replaced
+// first, so the store recovers once the file can be written again.
+func (s *petStore) probeWrite(w **batchWriter) error {
+	if err := s.checkFile(*w); err != nil {
+		return err
+	}
+	if f := s.faults.current(); f != nil && f.kind == faultReadOnly {
+		if fresh, err := (*w).reopen(s.writer); err == nil {
+			*w = fresh
+		}
+	}
+	// A probe does not wait for a lock another process holds: that would
+	// hold up the creates queued behind it.
+	ctx := context.Background()
+	(*w).setBusyTimeout(0)
+	s.commitStart.Store(time.Now().UnixNano())
+	err := (*w).inTx(ctx, func() error {
+		_, err := (*w).conn.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", len(migrations)))
+		return err
+	})
+	s.commitStart.Store(0)
+	if err != nil {
+		kind, ok := s.classify(err)
+		if !ok {
+			return err
+		}
+		s.faults.failed(kind, err, 0)
+		return &storageError{kind: kind, err: err}
+	}
+	s.faults.succeeded()
+	s.file.readOnly.Store(false)
+	return nil
+}
+
+// batchWriter runs the group commits on the one writer connection, with
+// its statements prepared once.
+type batchWriter struct {
+	conn                      *sql.Conn
+	findKey, insert           *sql.Stmt
+	beginTx, commitTx, rollTx *sql.Stmt
+	walEmptied                bool          // after the file was replaced
+	dataVersion               int64         // PRAGMA data_version when last asked
+	busyTimeout               time.Duration // the connection's busy_timeout now
+}
+
+func newBatchWriter(db *sql.DB) (*batchWriter, error) {
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w := &batchWriter{conn: conn, busyTimeout: busyTimeoutMillis * time.Millisecond}
+	// After a checkpoint has emptied the WAL, the next commit truncates
+	// the file to this size, so a WAL that grew once does not keep its
+	// size on disk for ever. Only this connection writes.
+	if _, err = conn.ExecContext(ctx, fmt.Sprintf("PRAGMA journal_size_limit = %d", defaultWALLimit)); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	// Every statement the writer runs per create is prepared once, the
+	// transaction's own included: parsing BEGIN and COMMIT each time costs
+	// the writer as much as an insert.
+	for _, st := range []struct {
+		stmt **sql.Stmt
+		text string
+	}{
+		{&w.findKey, "SELECT id, name, category_id, status, request_fingerprint FROM pets WHERE idempotency_key = ?"},
+		{&w.insert, "INSERT INTO pets (name, category_id, status, idempotency_key, request_fingerprint) VALUES (?, ?, ?, ?, ?)"},
+		{&w.beginTx, "BEGIN IMMEDIATE"},
+		{&w.commitTx, "COMMIT"},
+		{&w.rollTx, "ROLLBACK"},
+	} {
+		if *st.stmt, err = conn.PrepareContext(ctx, st.text); err != nil {
+			w.close()
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+func (w *batchWriter) close() {
+	w.closeStatements()
+	w.conn.Close()
+}
+
+func (w *batchWriter) closeStatements() {
+	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx} {
+		if stmt != nil {
+			stmt.Close()
+		}
+	}
+}
+
+// setBusyTimeout sets how long the writer waits for a lock another
+// process holds. It is remembered, so the same setting is not sent to
+// SQLite again on every commit.
+func (w *batchWriter) setBusyTimeout(d time.Duration) {
+	if d == w.busyTimeout {
+		return
+	}
+	w.busyTimeout = d
+	if _, err := w.conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", d.Milliseconds())); err != nil {
+		w.busyTimeout = -1 // unknown: set it again next time
+	}
+}
+
+// externalWrite reports whether another connection has committed to the
+// file since the last call. PRAGMA data_version on the writer's own
+// connection changes only for commits made by others: an operator's
+// sqlite3 shell, a restore, another process.
+func (w *batchWriter) externalWrite() bool {
+	var v int64
+	if err := w.conn.QueryRowContext(context.Background(), "PRAGMA data_version").Scan(&v); err != nil {
+		return false
+	}
+	changed := w.dataVersion != 0 && v != w.dataVersion
+	w.dataVersion = v
+	return changed
+}
+
+// reopen replaces the writer connection with a new one, and discards
+// the old one only once the new one is ready. A connection that SQLite
+// opened read-only, because the file could not then be written, stays
+// read-only: a new one sees that the file can be written again.
+func (w *batchWriter) reopen(db *sql.DB) (*batchWriter, error) {
+	db.SetMaxOpenConns(2)
+	defer db.SetMaxOpenConns(1)
+	fresh, err := newBatchWriter(db)
+	if err != nil {
+		return nil, err
+	}
+	w.closeStatements()
+	w.conn.Raw(func(any) error { return driver.ErrBadConn }) // not back to the pool
+	w.conn.Close()
+	return fresh, nil
+}
+
+// checkWAL bounds the WAL on disk. SQLite's automatic checkpoints are
+// passive: while a reader holds an old snapshot they cannot reach the end
+// of the WAL, which then grows with every commit and keeps its size. Once
+// a second, a WAL over limit gets a TRUNCATE checkpoint that does not
+// wait: if a reader still holds it back, it is tried again a second
+// later, and once the reader has let go the WAL shrinks to nothing.
+func (w *batchWriter) checkWAL(walPath string, limit int64) {
+	fi, err := os.Stat(walPath)
+	if err != nil || fi.Size() <= limit {
+		return
+	}
+	// A busy timeout would stall every create behind a long reader.
+	w.setBusyTimeout(0)
+	w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
+}
+
+// commit stores a batch in one transaction and returns each request's
+// result, or the error that rolled the transaction back. The statements
+// run without the clients' contexts: one client going away must not abort
+// the others' transaction.
+func (w *batchWriter) commit(batch []*writeRequest) ([]writeResult, error) {
+	ctx := context.Background()
+	results := make([]writeResult, len(batch))
+	now := time.Now()
+	// No lock wait may outlast the soonest deadline in the batch: a create
+	// answered after its client's write timeout would be stored behind
+	// the client's back.
+	wait := time.Duration(busyTimeoutMillis) * time.Millisecond
+	for i, r := range batch {
+		if !r.state.CompareAndSwap(requestPending, requestTaken) {
+			results[i].err = errTimedOut // its handler gave up: not stored
+			continue
+		}
+		if d := r.req.deadline; !d.IsZero() {
+			if !d.After(now) {
+				results[i].err = errTimedOut
+				continue
+			}
+			wait = min(wait, d.Sub(now))
+		}
+	}
+	// Rounded down to a tenth of a second, so that under load, with
+	// deadlines alike, the setting rarely changes from batch to batch.
+	if wait >= 100*time.Millisecond {
+		wait = wait.Truncate(100 * time.Millisecond)
+	}
+	w.setBusyTimeout(wait)
+	err := w.inTx(ctx, func() error {
+		for i, r := range batch {
+			if results[i].err != nil {
+				continue // past its deadline: not stored
+			}
+			if err := r.ctx.Err(); err != nil {
+				results[i].err = err // gone before its turn: not stored
+				continue
+			}
+			p, replayed, err := w.insertPet(ctx, r.req)
+			if err != nil && !errors.Is(err, errIdempotencyKeyReused) {
+				return err
+			}
+			results[i] = writeResult{p, replayed, err}
+		}
+		return nil
+	})
+	return results, err
+}
+
+// inTx runs fn in an immediate transaction on the writer connection.
+func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
+	if _, err := w.beginTx.ExecContext(ctx); err != nil {
+		return err
+	}
+	if err := fn(); err != nil {
+		w.rollTx.ExecContext(ctx)
+		return err
+	}
+	if _, err := w.commitTx.ExecContext(ctx); err != nil {
+		w.rollTx.ExecContext(ctx)
+		return err
+	}
+	return nil
+}
+
+// insertPet does one create inside the batch's transaction. The key lookup
+// and the insert share the transaction, so two requests with one key, even
+// in the same batch, cannot both insert; the unique index would refuse the
+// second anyway.
+func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool, error) {
+	var key, keyFP any // NULL without an idempotency key
+	if c.idempotencyKey != "" {
+		fp := c.fingerprint()
+		key, keyFP = c.idempotencyKey, fp
+		var p Pet
+		var storedFP []byte
+		err := w.findKey.QueryRowContext(ctx, c.idempotencyKey).
+			Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status, &storedFP)
+		switch {
+		case err == nil && bytes.Equal(storedFP, fp):
+			return p, true, nil
+		case err == nil:
+			return Pet{}, false, errIdempotencyKeyReused
+		case !errors.Is(err, sql.ErrNoRows):
+			return Pet{}, false, err
+		}
+	}
+	res, err := w.insert.ExecContext(ctx, c.pet.Name, c.pet.CategoryID, c.pet.Status, key, keyFP)
+	if err != nil {
+		return Pet{}, false, err
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return Pet{}, false, err
+	}
+	return Pet{ID: id, Name: c.pet.Name, CategoryID: c.pet.CategoryID, Status: c.pet.Status}, false, nil
+}
+
+// defaultWALLimit bounds the WAL file on disk (see checkWAL).
+const defaultWALLimit = 64 << 20
