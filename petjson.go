@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
@@ -27,69 +28,42 @@ var listParams = [...]string{"limit", "status", "after"}
 
 // parseListQuery validates listPets' query string. Unknown and repeated
 // parameters are errors: a misspelt "stauts" must not silently return
-// every pet. It reads the query as url.ParseQuery would (pairs joined by
-// "&", percent-encoding, "+" for space, ";" refused) without building a
-// map, since it runs on every list.
+// every pet. Of several bad names the first in sorted order is reported,
+// so the message does not depend on the order they were sent in.
 func parseListQuery(rawQuery string) (petFilter, error) {
 	f := petFilter{limit: defaultLimit}
-	var values [len(listParams)]string
-	var given [len(listParams)]bool
-	// Of the unknown or repeated names, the first in sorted order is
-	// reported, so the message does not depend on parameter order.
-	bad, badUnknown, haveBad := "", false, false
-	for rest := rawQuery; rest != ""; {
-		var pair string
-		pair, rest, _ = strings.Cut(rest, "&")
-		if strings.Contains(pair, ";") {
-			return f, errMalformedQuery
-		}
-		if pair == "" {
-			continue
-		}
-		name, value, _ := strings.Cut(pair, "=")
-		var err1, err2 error
-		if strings.ContainsAny(name, "%+") {
-			name, err1 = url.QueryUnescape(name)
-		}
-		if strings.ContainsAny(value, "%+") {
-			value, err2 = url.QueryUnescape(value)
-		}
-		if err1 != nil || err2 != nil {
-			return f, errMalformedQuery
-		}
-		i := slices.Index(listParams[:], name)
-		unknown := i < 0
-		if unknown || given[i] {
-			if !haveBad || name < bad || (name == bad && unknown) {
-				bad, badUnknown, haveBad = name, unknown, true
-			}
-			continue
-		}
-		values[i], given[i] = value, true
+	if rawQuery == "" {
+		return f, nil
 	}
-	if haveBad {
-		if badUnknown {
-			return f, fmt.Errorf("unknown query parameter %s; known: limit, status, after", quoteValue(bad))
-		}
-		return f, fmt.Errorf("query parameter %s is given more than once", bad)
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return f, errMalformedQuery
 	}
-	if given[0] {
-		n, ok := parseDecimal(values[0])
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		if !slices.Contains(listParams[:], name) {
+			return f, fmt.Errorf("unknown query parameter %s; known: limit, status, after", quoteValue(name))
+		}
+		if len(q[name]) > 1 {
+			return f, fmt.Errorf("query parameter %s is given more than once", name)
+		}
+	}
+	if v, ok := q["limit"]; ok {
+		n, ok := parseDecimal(v[0])
 		if !ok || n < 1 || n > maxLimit {
-			return f, fmt.Errorf("limit must be an integer from 1 to %d, got %s", maxLimit, quoteValue(values[0]))
+			return f, fmt.Errorf("limit must be an integer from 1 to %d, got %s", maxLimit, quoteValue(v[0]))
 		}
 		f.limit = int(n)
 	}
-	if given[1] {
-		if !slices.Contains(petStatuses, values[1]) {
-			return f, fmt.Errorf("status must be one of available, pending, sold, got %s", quoteValue(values[1]))
+	if v, ok := q["status"]; ok {
+		if !slices.Contains(petStatuses, v[0]) {
+			return f, fmt.Errorf("status must be one of available, pending, sold, got %s", quoteValue(v[0]))
 		}
-		f.status = values[1]
+		f.status = v[0]
 	}
-	if given[2] {
-		n, ok := parseDecimal(values[2])
+	if v, ok := q["after"]; ok {
+		n, ok := parseDecimal(v[0])
 		if !ok {
-			return f, fmt.Errorf("after must be the id of the last pet seen (an integer from 0 to 9223372036854775807), got %s", quoteValue(values[2]))
+			return f, fmt.Errorf("after must be the id of the last pet seen (an integer from 0 to 9223372036854775807), got %s", quoteValue(v[0]))
 		}
 		f.after = n
 	}
@@ -198,81 +172,33 @@ func isJSONContentType(ct string) bool {
 	return !ok || strings.EqualFold(cs, "utf-8")
 }
 
-// readBody reads at most maxBodyBytes of the request body, answering 413
-// past that. A body larger than smallBody first needs room in the body
-// budget, and gets 503 when there is none within a second; release gives
-// the room back once the body is no longer needed. ok is false when an
-// answer has been written.
-func (s *server) readBody(w http.ResponseWriter, r *http.Request) (body []byte, release func(), ok bool) {
-	release = func() {}
-	tooLarge := func() {
-		writeError(w, http.StatusRequestEntityTooLarge, codeBodyTooLarge,
-			fmt.Sprintf("request body is larger than %d bytes (1 MiB)", maxBodyBytes))
-	}
-	busy := func() {
-		// The body is read and thrown away through a small fixed buffer
-		// before the answer: closing a connection with unread data makes
-		// the kernel reset it, and the client loses the answer.
-		io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxBodyBytes))
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, codeUnavailable,
-			"busy: too many large request bodies are being received at once; retry shortly (bodies up to 8 KiB are not held up)")
-	}
-	if r.ContentLength > maxBodyBytes {
-		tooLarge()
-		return nil, release, false
-	}
-	// The body is read into a buffer of its announced size, or up to
-	// smallBody first when the size is not announced.
-	size := r.ContentLength
-	if size < 0 {
-		size = smallBody
-	}
-	charged := int64(0)
-	charge := func(n int64) bool {
-		if n <= smallBody {
-			return true
-		}
-		cost := 2 * (n - charged) // the body and its decoding
-		if !s.bodies.acquire(r.Context(), cost) {
-			return false
-		}
-		charged += cost / 2
-		release = func() { s.bodies.release(2 * charged) }
-		return true
-	}
-	if !charge(size) {
-		busy()
-		return nil, release, false
-	}
-	body = make([]byte, 0, size+1)
-	src := http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	for {
-		if len(body) == cap(body) {
-			// An unannounced body larger than guessed: ask for room for
-			// the largest one allowed before reading on.
-			if !charge(maxBodyBytes) {
-				busy()
-				return nil, release, false
-			}
-			body = slices.Grow(body, maxBodyBytes+1-len(body))
-		}
-		n, err := src.Read(body[len(body):cap(body)])
-		body = body[:len(body)+n]
-		if err == io.EOF {
-			return body, release, true
-		}
-		var tooBig *http.MaxBytesError
-		switch {
-		case errors.As(err, &tooBig):
-			tooLarge()
-			return nil, release, false
-		case err != nil:
+// readBody reads the request body, at most maxBodyBytes of it, and
+// answers 413 past that; no more than that is ever held in memory. ok is
+// false when an answer has been written.
+func readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
+	if r.ContentLength <= maxBodyBytes {
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+		if err != nil {
 			writeError(w, http.StatusBadRequest, codeInvalidBody, "could not read the request body")
-			return nil, release, false
+			return nil, false
+		}
+		if len(body) <= maxBodyBytes {
+			return body, true
 		}
 	}
+	// The rest of a body up to maxDrainBytes is read and thrown away, a
+	// few KiB at a time, before the answer: a client still sending when
+	// the connection closes is reset by the kernel, and loses the answer.
+	io.Copy(io.Discard, io.LimitReader(r.Body, maxDrainBytes))
+	writeError(w, http.StatusRequestEntityTooLarge, codeBodyTooLarge,
+		fmt.Sprintf("request body is larger than %d bytes (16 KiB); a pet's body is well under 2 KB", maxBodyBytes))
+	return nil, false
 }
+
+// maxDrainBytes is how much of a body over the limit is read, and
+// discarded, so its client gets the 413; past that the connection is
+// closed under the sender.
+const maxDrainBytes = 2 << 20
 
 // decodeNewPet parses and validates a create body: the plain body most
 // clients send on a fast path, anything else on the full one.
@@ -324,9 +250,27 @@ func decodeAnyNewPet(body []byte) (NewPet, error) {
 		}
 	}
 	if len(problems) > 0 {
-		return NewPet{}, errors.New(strings.Join(problems, "; "))
+		return NewPet{}, errors.New(joinProblems(problems))
 	}
 	return np, nil
+}
+
+// maxProblemsMessage bounds the list of what is wrong with a body, in
+// bytes: a body of thousands of unknown fields gets the first few named
+// and a count of the rest, not a message larger than the body.
+const maxProblemsMessage = 1000
+
+// joinProblems lists problems, "; "-separated, as many as fit in
+// maxProblemsMessage, and counts the rest.
+func joinProblems(problems []string) string {
+	msg := problems[0]
+	for i, p := range problems[1:] {
+		if len(msg)+2+len(p) > maxProblemsMessage {
+			return fmt.Sprintf("%s; and %d more problems", msg, len(problems)-1-i)
+		}
+		msg += "; " + p
+	}
+	return msg
 }
 
 // decodePlainNewPet is the fast path for the body nearly every client

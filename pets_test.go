@@ -43,7 +43,7 @@ func TestCreatePet(t *testing.T) {
 			`{"id":1,"name":"Rex","categoryId":1,"status":"available"}`},
 		{"whitespace around the object", " \n\t{\"name\":\"Rex\",\"categoryId\":1}\r\n", nil,
 			`{"id":1,"name":"Rex","categoryId":1,"status":"available"}`},
-		{"body of exactly 1 MiB", padTo(`{"name":"Rex","categoryId":1}`, maxBodyBytes), nil,
+		{"body of exactly 16 KiB", padTo(`{"name":"Rex","categoryId":1}`, maxBodyBytes), nil,
 			`{"id":1,"name":"Rex","categoryId":1,"status":"available"}`},
 	}
 	for _, tt := range tests {
@@ -134,8 +134,8 @@ func TestCreatePetRejects(t *testing.T) {
 			errBody(415, codeUnsupportedMediaType, "send the body as JSON with the header Content-Type: application/json (curl: --json)")},
 		{"unparsable Content-Type", `{"name":"Rex","categoryId":1}`, map[string]string{"Content-Type": "application/json; ;"}, 415,
 			errBody(415, codeUnsupportedMediaType, "send the body as JSON with the header Content-Type: application/json (curl: --json)")},
-		{"one byte over 1 MiB", padTo(`{"name":"Rex","categoryId":1}`, maxBodyBytes+1), nil, 413,
-			errBody(413, codeBodyTooLarge, "request body is larger than 1048576 bytes (1 MiB)")},
+		{"one byte over 16 KiB", padTo(`{"name":"Rex","categoryId":1}`, maxBodyBytes+1), nil, 413,
+			errBody(413, codeBodyTooLarge, "request body is larger than 16384 bytes (16 KiB); a pet's body is well under 2 KB")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -162,7 +162,34 @@ func TestCreatePetTooLargeUnknownLength(t *testing.T) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	checkReply(t, reply{resp.StatusCode, resp.Header, b}, 413, nil,
-		errBody(413, codeBodyTooLarge, "request body is larger than 1048576 bytes (1 MiB)"))
+		errBody(413, codeBodyTooLarge, "request body is larger than 16384 bytes (16 KiB); a pet's body is well under 2 KB"))
+}
+
+// TestCreatePetManyProblems: a body of thousands of unknown fields gets a
+// 400 that names the first few and counts the rest, not one as large as
+// the body.
+func TestCreatePetManyProblems(t *testing.T) {
+	srv, _ := newTestServer(t)
+	var b strings.Builder
+	b.WriteString(`{"name":"Rex","categoryId":1`)
+	const fields = 1500
+	for i := range fields {
+		fmt.Fprintf(&b, `,"k%04d":0`, i)
+	}
+	b.WriteString("}")
+	got := do(t, srv, call{method: "POST", path: "/v1/pets", body: b.String()})
+	var e apiError
+	if err := json.Unmarshal(got.body, &e); err != nil || got.status != 400 || e.Code != codeInvalidBody {
+		t.Fatalf("got %d %s", got.status, got.body)
+	}
+	if len(got.body) > 4096 {
+		t.Errorf("400 body is %d bytes, want at most 4096", len(got.body))
+	}
+	named := strings.Count(e.Message, "unknown field")
+	wantTail := fmt.Sprintf("; and %d more problems", fields-named)
+	if !strings.HasPrefix(e.Message, `unknown field "k0000" (a NewPet has name, categoryId and status); unknown field "k0001"`) || !strings.HasSuffix(e.Message, wantTail) || named < 5 {
+		t.Errorf("message = %q, want the first fields named and ending %q", e.Message, wantTail)
+	}
 }
 
 func TestListPets(t *testing.T) {

@@ -5,13 +5,11 @@ package main
 
 import (
 	"context"
-	_ "embed" // openapi.yaml
 	"errors"
 	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -25,7 +23,6 @@ type server struct {
 	// answered (see createDeadline); 0: no bound.
 	createWithin time.Duration
 	limiter      *rateLimiter // nil: no rate limit
-	bodies       bodyBudget
 }
 
 // route is one operation the service serves.
@@ -117,83 +114,6 @@ func muxPath(path string) string {
 		return "/{$}"
 	}
 	return path
-}
-
-// bodyBudget bounds the memory that request bodies hold at once, so a
-// flood of large bodies cannot take the process's memory: a body larger
-// than smallBody waits briefly, first come first served, for room, then
-// is refused with 503. Small bodies, which every real create is, need no
-// room and so are never held up by large ones.
-type bodyBudget struct {
-	mu      sync.Mutex
-	used    int64
-	waiters []*bodyWaiter // in arrival order
-}
-
-type bodyWaiter struct {
-	n     int64
-	ready chan struct{} // closed when the room is granted
-}
-
-const (
-	// bodyBudgetBytes is the room for large bodies in flight: each is
-	// charged twice its size, for the body and its decoding.
-	bodyBudgetBytes = 32 << 20
-	// smallBody is the largest body read without asking for room.
-	smallBody = 8 << 10
-	// bodyWait is how long a large body waits for room.
-	bodyWait = time.Second
-)
-
-// acquire reserves n bytes, waiting up to bodyWait; it reports whether it
-// did.
-func (b *bodyBudget) acquire(ctx context.Context, n int64) bool {
-	b.mu.Lock()
-	if len(b.waiters) == 0 && b.used+n <= bodyBudgetBytes {
-		b.used += n
-		b.mu.Unlock()
-		return true
-	}
-	w := &bodyWaiter{n: n, ready: make(chan struct{})}
-	b.waiters = append(b.waiters, w)
-	b.mu.Unlock()
-
-	timer := time.NewTimer(bodyWait)
-	defer timer.Stop()
-	select {
-	case <-w.ready:
-		return true
-	case <-timer.C:
-	case <-ctx.Done():
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	select {
-	case <-w.ready: // granted meanwhile: give it back
-		b.used -= n
-		b.grantLocked()
-	default:
-		b.waiters = slices.DeleteFunc(b.waiters, func(x *bodyWaiter) bool { return x == w })
-	}
-	return false
-}
-
-func (b *bodyBudget) release(n int64) {
-	b.mu.Lock()
-	b.used -= n
-	b.grantLocked()
-	b.mu.Unlock()
-}
-
-// grantLocked gives room to the waiters at the head of the line, in
-// order, while it lasts.
-func (b *bodyBudget) grantLocked() {
-	for len(b.waiters) > 0 && b.used+b.waiters[0].n <= bodyBudgetBytes {
-		w := b.waiters[0]
-		b.waiters = b.waiters[1:]
-		b.used += w.n
-		close(w.ready)
-	}
 }
 
 // notFound answers paths the service does not serve.

@@ -177,9 +177,6 @@ func sqliteDSN(path string, extra ...string) string {
 // storeOptions are the store's settings; the zero value is the default.
 type storeOptions struct {
 	log *slog.Logger // nil: discard
-	// walLimit is the WAL size past which the writer forces a truncating
-	// checkpoint; 0 means defaultWALLimit.
-	walLimit int64
 }
 
 // openStore opens (creating if needed) the database file at path and brings
@@ -188,9 +185,6 @@ type storeOptions struct {
 func openStore(path string, opts storeOptions) (*petStore, error) {
 	if opts.log == nil {
 		opts.log = slog.New(slog.DiscardHandler)
-	}
-	if opts.walLimit == 0 {
-		opts.walLimit = defaultWALLimit
 	}
 	file, err := openDBFile(path)
 	if err != nil {
@@ -404,11 +398,6 @@ type petRow struct {
 	name       sql.RawBytes
 	categoryID int64
 	status     sql.RawBytes
-}
-
-// pet copies a row into a Pet that outlives the callback.
-func (r *petRow) pet() Pet {
-	return Pet{ID: r.id, Name: string(r.name), CategoryID: r.categoryID, Status: string(r.status)}
 }
 
 // getPet calls fn with the pet with the given id, or returns errNotFound.

@@ -234,13 +234,18 @@ func TestBackupWhileWriting(t *testing.T) {
 // storedPet reads one pet straight from the store.
 func storedPet(s *petStore, id int64) (Pet, error) {
 	var p Pet
-	err := s.getPet(context.Background(), id, func(r *petRow) { p = r.pet() })
+	err := s.getPet(context.Background(), id, func(r *petRow) { p = petOf(r) })
 	return p, err
 }
 
 // storedPets reads the whole catalogue straight from the store.
 func storedPets(s *petStore) ([]Pet, error) {
 	var pets []Pet
-	err := s.listPets(context.Background(), petFilter{limit: 1 << 30}, func(r *petRow) { pets = append(pets, r.pet()) })
+	err := s.listPets(context.Background(), petFilter{limit: 1 << 30}, func(r *petRow) { pets = append(pets, petOf(r)) })
 	return pets, err
+}
+
+// petOf copies a row into a Pet that outlives the callback.
+func petOf(r *petRow) Pet {
+	return Pet{ID: r.id, Name: string(r.name), CategoryID: r.categoryID, Status: string(r.status)}
 }

@@ -173,7 +173,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			if s.faults.current() != nil || s.replaced.Load() != nil {
 				s.probeWrite(&w)
 			}
-			w.checkWAL(s.file.path+"-wal", s.opts.walLimit)
+			w.checkWAL(s.file.path+"-wal", walLimit)
 		}
 	}
 }
@@ -326,7 +326,7 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 	// After a checkpoint has emptied the WAL, the next commit truncates
 	// the file to this size, so a WAL that grew once does not keep its
 	// size on disk for ever. Only this connection writes.
-	if _, err = conn.ExecContext(ctx, fmt.Sprintf("PRAGMA journal_size_limit = %d", defaultWALLimit)); err != nil {
+	if _, err = conn.ExecContext(ctx, fmt.Sprintf("PRAGMA journal_size_limit = %d", walLimit)); err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -524,5 +524,5 @@ func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool
 	return Pet{ID: id, Name: c.pet.Name, CategoryID: c.pet.CategoryID, Status: c.pet.Status}, false, nil
 }
 
-// defaultWALLimit bounds the WAL file on disk (see checkWAL).
-const defaultWALLimit = 64 << 20
+// walLimit bounds the WAL file on disk (see checkWAL).
+const walLimit = 64 << 20
