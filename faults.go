@@ -1,7 +1,8 @@
-// Storage faults: what the store does when the disk or the database file
+// Storage health: what the store does when the disk or the database file
 // goes wrong underneath it. A fault is classified once, answered as a
 // retryable 503 naming its cause, logged when it begins and when it ends
-// (not once per request), and shown by /healthz until it clears.
+// (not once per request), and shown by /healthz, whose checks are here,
+// until it clears.
 
 package main
 
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -146,6 +148,24 @@ func asStorageError(err error) error {
 	return err
 }
 
+// storeHealth is what the store knows of its storage's health.
+type storeHealth struct {
+	faults *faultLog
+	// damage is why the file is known to be corrupt ("" while it is not):
+	// found by the quick_check at start or by a query. It lasts until the
+	// file is restored and the service restarted.
+	damage atomic.Pointer[string]
+	// replaced is set once the path no longer names the opened file; it
+	// lasts until restart.
+	replaced atomic.Pointer[storageError]
+	// commitStart is when the commit in progress began (Unix nanoseconds),
+	// 0 between commits: a commit stuck on a frozen filesystem shows in
+	// /healthz.
+	commitStart atomic.Int64
+	// pinging is set while a health check's read runs.
+	pinging atomic.Bool
+}
+
 // faultLog remembers the storage fault in force, so it is logged once
 // when it begins, once when it ends (with how many requests it refused
 // and for how long), and reported by /healthz in between.
@@ -217,27 +237,27 @@ func (f *faultLog) current() *storageError {
 // poll every second: a stat, a statfs and one read; it writes only when
 // the disk looks full or read-only, or a fault is in force.
 func (s *petStore) health(ctx context.Context) error {
-	if r := s.replaced.Load(); r != nil {
+	if r := s.storage.replaced.Load(); r != nil {
 		return r
 	}
-	if d := s.damage.Load(); d != nil {
+	if d := s.storage.damage.Load(); d != nil {
 		return &storageError{kind: faultDamaged, err: errors.New(*d)}
 	}
 	if err := s.file.checkStillThere(); err != nil {
 		s.markReplaced(err)
 		return asStorageError(err)
 	}
-	if start := s.commitStart.Load(); start != 0 && time.Since(time.Unix(0, start)) > stuckCommit {
+	if start := s.storage.commitStart.Load(); start != 0 && time.Since(time.Unix(0, start)) > stuckCommit {
 		return &storageError{kind: faultNotAnswering, err: fmt.Errorf("a commit has been waiting on the storage for %s", time.Since(time.Unix(0, start)).Round(time.Second))}
 	}
 	if err := s.ping(ctx); err != nil {
 		if se := s.readFault(err); se != nil {
 			return se
 		}
-		s.faults.failed(faultNotAnswering, err, 0)
+		s.storage.faults.failed(faultNotAnswering, err, 0)
 		return &storageError{kind: faultNotAnswering, err: err}
 	}
-	if fault := s.faults.current(); fault != nil {
+	if fault := s.storage.faults.current(); fault != nil {
 		return fault // the writer loop probes every second until it clears
 	}
 	if s.file.looksUnwritable() {
@@ -252,12 +272,12 @@ func (s *petStore) health(ctx context.Context) error {
 // its own; while one is stuck, the next ping fails at once instead of
 // stacking up another.
 func (s *petStore) ping(ctx context.Context) error {
-	if !s.pinging.CompareAndSwap(false, true) {
+	if !s.storage.pinging.CompareAndSwap(false, true) {
 		return &storageError{kind: faultNotAnswering, err: errors.New("an earlier read has not finished")}
 	}
 	done := make(chan error, 1)
 	go func() {
-		defer s.pinging.Store(false)
+		defer s.storage.pinging.Store(false)
 		var one int
 		done <- s.readers.QueryRowContext(context.Background(), "SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
 	}()
@@ -278,8 +298,8 @@ const stuckCommit = 5 * time.Second
 func (s *petStore) probe(ctx context.Context) error {
 	done := make(chan error, 1)
 	select {
-	case s.probes <- done:
-	case <-s.loopDone:
+	case s.queue.probes <- done:
+	case <-s.queue.loopDone:
 		return errClosed
 	case <-ctx.Done():
 		return &storageError{kind: faultNotAnswering, err: errors.New("the writer is busy")}
@@ -300,7 +320,7 @@ func (s *petStore) markReplaced(err error) bool {
 	if !errors.As(err, &se) || se.kind != faultReplaced {
 		return false
 	}
-	if s.replaced.CompareAndSwap(nil, se) {
+	if s.storage.replaced.CompareAndSwap(nil, se) {
 		s.log.Error("the database file was deleted or replaced under the running service: creates are refused from now on; "+
 			"restart the service to open the file now at the path, or restore it from a backup (README: Backups and restore)",
 			"db", s.file.path, "err", se.err.Error())
@@ -319,7 +339,7 @@ func (s *petStore) readFault(err error) *storageError {
 	if kind == faultDamaged {
 		s.markDamaged(err.Error())
 	} else {
-		s.faults.failed(kind, err, 1)
+		s.storage.faults.failed(kind, err, 1)
 	}
 	return &storageError{kind: kind, err: err}
 }
@@ -330,7 +350,7 @@ func (s *petStore) readFault(err error) *storageError {
 func (s *petStore) classify(err error) (faultKind, bool) {
 	kind, ok := classifyFault(err)
 	if kind == faultDamaged {
-		if f := s.faults.current(); f != nil && f.kind == faultIO {
+		if f := s.storage.faults.current(); f != nil && f.kind == faultIO {
 			return faultIO, true
 		}
 	}
@@ -368,7 +388,7 @@ func (s *petStore) quickCheck() {
 // markDamaged records that the file is corrupt, and tells the operator
 // what to do, once.
 func (s *petStore) markDamaged(why string) {
-	if s.damage.CompareAndSwap(nil, &why) {
+	if s.storage.damage.CompareAndSwap(nil, &why) {
 		s.log.Error("database file is damaged: stop the service, move the file and its -wal and -shm aside, and restore the latest backup (README: Backups and restore)",
 			"db", s.file.path, "damage", why)
 	}

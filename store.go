@@ -1,3 +1,8 @@
+// The store: one SQLite file, its schema and migrations, the connections
+// (one writer, a pool of readers), and the reads. Creates go through the
+// writer (writer.go); lists and gets are served from the in-memory view
+// (view.go) once it is loaded.
+
 package main
 
 import (
@@ -12,8 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/mattn/go-sqlite3"
 	// also registers the "sqlite3" driver
@@ -79,34 +82,9 @@ var ownTables = []string{"pets", "sqlite_sequence"}
 // read-only connections that WAL lets run beside the writer.
 type petStore struct {
 	file    *dbFile
-	writer  *sql.DB
-	readers *sql.DB
+	writer  *sql.DB // one connection, owned by the writer loop
+	readers *sql.DB // a pool of read-only connections
 	log     *slog.Logger
-	faults  *faultLog
-	opts    storeOptions
-
-	// damage is why the file is known to be corrupt ("" while it is not):
-	// found by the quick_check at start or by a query. It lasts until the
-	// file is restored and the service restarted.
-	damage atomic.Pointer[string]
-	// replaced is set once the path no longer names the opened file; it
-	// lasts until restart.
-	replaced atomic.Pointer[storageError]
-	// commitStart is when the commit in progress began (Unix nanoseconds),
-	// 0 between commits: a commit stuck on a frozen filesystem shows in
-	// /healthz.
-	commitStart atomic.Int64
-	// pinging is set while a health check's read runs.
-	pinging atomic.Bool
-	// viewFailedAt is when the view last failed to load (writer only).
-	viewFailedAt time.Time
-	// probes asks the writer loop for a write that changes nothing, to
-	// learn whether a pet can be stored.
-	probes chan chan error
-
-	// view answers lists and gets from memory once it is loaded; until
-	// then, and while it is rebuilt, they are read from SQLite.
-	view view
 
 	// Prepared once; database/sql prepares them again on each pooled
 	// reader connection the first time it runs them there. Nothing in
@@ -117,12 +95,10 @@ type petStore struct {
 	getStmt, listStmt *sql.Stmt
 	listByStatusStmts [3]*sql.Stmt
 
-	// writes feeds the group-commit loop. mu guards closing it: senders
-	// hold it shared, close holds it exclusively.
-	writes    chan *writeRequest
-	mu        sync.RWMutex
-	closed    bool
-	loopDone  chan struct{}
+	view    view        // lists and gets from memory (view.go)
+	storage storeHealth // what is wrong with the storage (faults.go)
+	queue   writeQueue  // creates on their way to the writer (writer.go)
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -218,10 +194,10 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	readers.SetMaxOpenConns(n)
 	readers.SetMaxIdleConns(n)
 
-	s := &petStore{file: file, writer: writer, readers: readers, log: opts.log, opts: opts,
-		faults: &faultLog{log: opts.log, path: path},
-		writes: make(chan *writeRequest, maxBatch), probes: make(chan chan error),
-		loopDone: make(chan struct{})}
+	s := &petStore{file: file, writer: writer, readers: readers, log: opts.log,
+		storage: storeHealth{faults: &faultLog{log: opts.log, path: path}},
+		queue: writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan error),
+			loopDone: make(chan struct{})}}
 	fail := func(err error) (*petStore, error) {
 		readers.Close()
 		writer.Close()
@@ -375,11 +351,11 @@ func (s *petStore) migrate() (err error) {
 // result, so an error path and a deferred close can both call it.
 func (s *petStore) close() error {
 	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		close(s.writes)
-		s.mu.Unlock()
-		<-s.loopDone
+		s.queue.mu.Lock()
+		s.queue.closed = true
+		close(s.queue.writes)
+		s.queue.mu.Unlock()
+		<-s.queue.loopDone
 		s.view.published.Store(nil) // a closed store answers nothing
 		// The lock's descriptor goes last: closing it releases SQLite's
 		// POSIX locks on the file too.

@@ -139,6 +139,8 @@ type view struct {
 	// master is the writer's copy, appended to and then published as a
 	// new snapshot. Only the writer loop touches it.
 	master *catalogue
+	// failedAt is when the view last failed to load (writer only).
+	failedAt time.Time
 }
 
 // publish makes the master's current state what readers see.
@@ -252,7 +254,7 @@ const externalWriteCheck = 250 * time.Millisecond
 func (s *petStore) loadView(w *batchWriter) {
 	start := time.Now()
 	if err := s.view.load(context.Background(), w.conn); err != nil {
-		s.viewFailedAt = time.Now()
+		s.view.failedAt = time.Now()
 		if kind, ok := s.classify(err); ok && kind == faultDamaged {
 			s.markDamaged(err.Error())
 		}
@@ -269,5 +271,5 @@ func (s *petStore) loadView(w *batchWriter) {
 // viewRetry reports whether a view that failed to load should be tried
 // again: not more often than every 10 s.
 func (s *petStore) viewRetry() bool {
-	return time.Since(s.viewFailedAt) > 10*time.Second
+	return time.Since(s.view.failedAt) > 10*time.Second
 }

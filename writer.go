@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -23,6 +24,19 @@ var errClosed = errors.New("store is closed")
 // errTimedOut refuses a create whose commit could not begin before its
 // deadline; it was not stored.
 var errTimedOut = &storageError{kind: faultTimedOut, err: errors.New("the create's deadline passed before its commit began")}
+
+// writeQueue carries creates, and probes, to the writer loop.
+type writeQueue struct {
+	// writes feeds the group-commit loop. mu guards closing it: senders
+	// hold it shared, close holds it exclusively.
+	writes   chan *writeRequest
+	mu       sync.RWMutex
+	closed   bool
+	loopDone chan struct{}
+	// probes asks the writer loop for a write that changes nothing, to
+	// learn whether a pet can be stored.
+	probes chan chan error
+}
 
 // createRequest is one create: the pet and, when the client sent one, its
 // Idempotency-Key with a fingerprint of what it asked for.
@@ -75,14 +89,14 @@ type writeResult struct {
 // replayed true; used for another request, errIdempotencyKeyReused.
 func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, error) {
 	w := &writeRequest{ctx: ctx, req: c, done: make(chan writeResult, 1)}
-	s.mu.RLock()
-	if s.closed {
-		s.mu.RUnlock()
+	s.queue.mu.RLock()
+	if s.queue.closed {
+		s.queue.mu.RUnlock()
 		return Pet{}, false, errClosed
 	}
 	select {
-	case s.writes <- w:
-		s.mu.RUnlock()
+	case s.queue.writes <- w:
+		s.queue.mu.RUnlock()
 	default:
 		// The queue is full: wait, but not past the deadline.
 		var expired <-chan time.Time
@@ -92,13 +106,13 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 			expired = timer.C
 		}
 		select {
-		case s.writes <- w:
-			s.mu.RUnlock()
+		case s.queue.writes <- w:
+			s.queue.mu.RUnlock()
 		case <-ctx.Done():
-			s.mu.RUnlock()
+			s.queue.mu.RUnlock()
 			return Pet{}, false, ctx.Err()
 		case <-expired:
-			s.mu.RUnlock()
+			s.queue.mu.RUnlock()
 			return Pet{}, false, errTimedOut
 		}
 	}
@@ -132,7 +146,7 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 // how batches form under load. Once a second it also bounds the WAL and,
 // while a storage fault is in force, tries a write to see it clear.
 func (s *petStore) writeLoop(w *batchWriter) {
-	defer close(s.loopDone)
+	defer close(s.queue.loopDone)
 	defer func() { w.close() }()
 	// The view is loaded here, by the writer, so that no commit can fall
 	// between reading the table and extending the view. Reads go to
@@ -145,7 +159,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 	batch := make([]*writeRequest, 0, maxBatch)
 	for {
 		select {
-		case first, ok := <-s.writes:
+		case first, ok := <-s.queue.writes:
 			if !ok {
 				return
 			}
@@ -153,7 +167,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 		fill:
 			for len(batch) < maxBatch {
 				select {
-				case r, ok := <-s.writes:
+				case r, ok := <-s.queue.writes:
 					if !ok {
 						break fill
 					}
@@ -163,14 +177,14 @@ func (s *petStore) writeLoop(w *batchWriter) {
 				}
 			}
 			s.commit(w, batch)
-		case done := <-s.probes:
+		case done := <-s.queue.probes:
 			done <- s.probeWrite(&w)
 		case <-watch.C:
 			if w.externalWrite() || s.view.master == nil && s.viewRetry() {
 				s.loadView(w)
 			}
 		case <-tick.C:
-			if s.faults.current() != nil || s.replaced.Load() != nil {
+			if s.storage.faults.current() != nil || s.storage.replaced.Load() != nil {
 				s.probeWrite(&w)
 			}
 			w.checkWAL(s.file.path+"-wal", walLimit)
@@ -187,7 +201,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	refuse := func(err error) {
 		kind, _ := classifyFault(err)
 		if kind != faultReplaced && kind != faultDamaged {
-			s.faults.failed(kind, err, len(batch))
+			s.storage.faults.failed(kind, err, len(batch))
 		}
 		for _, r := range batch {
 			r.done <- writeResult{err: err}
@@ -197,20 +211,20 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		refuse(err)
 		return
 	}
-	if d := s.damage.Load(); d != nil {
+	if d := s.storage.damage.Load(); d != nil {
 		refuse(&storageError{kind: faultDamaged, err: errors.New(*d)})
 		return
 	}
-	s.commitStart.Store(time.Now().UnixNano())
+	s.storage.commitStart.Store(time.Now().UnixNano())
 	results, err := w.commit(batch)
-	s.commitStart.Store(0)
+	s.storage.commitStart.Store(0)
 	if err == nil {
 		if err := s.checkFile(w); err != nil {
 			// Committed, but to a file no longer at the path.
 			refuse(err)
 			return
 		}
-		s.faults.succeeded()
+		s.storage.faults.succeeded()
 		// The view learns of the new pets before their clients do, so a
 		// client reads its own writes.
 		added := make([]Pet, 0, len(batch))
@@ -251,14 +265,14 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 // file's: left with frames, it could be paired with the new file at the
 // next start and corrupt it.
 func (s *petStore) checkFile(w *batchWriter) error {
-	if s.replaced.Load() == nil {
+	if s.storage.replaced.Load() == nil {
 		if err := s.file.checkStillThere(); err != nil {
 			if !s.markReplaced(err) {
 				return err // not a replacement: stat itself failed
 			}
 		}
 	}
-	r := s.replaced.Load()
+	r := s.storage.replaced.Load()
 	if r == nil {
 		return nil
 	}
@@ -277,7 +291,7 @@ func (s *petStore) probeWrite(w **batchWriter) error {
 	if err := s.checkFile(*w); err != nil {
 		return err
 	}
-	if f := s.faults.current(); f != nil && f.kind == faultReadOnly {
+	if f := s.storage.faults.current(); f != nil && f.kind == faultReadOnly {
 		if fresh, err := (*w).reopen(s.writer); err == nil {
 			*w = fresh
 		}
@@ -286,21 +300,21 @@ func (s *petStore) probeWrite(w **batchWriter) error {
 	// hold up the creates queued behind it.
 	ctx := context.Background()
 	(*w).setBusyTimeout(0)
-	s.commitStart.Store(time.Now().UnixNano())
+	s.storage.commitStart.Store(time.Now().UnixNano())
 	err := (*w).inTx(ctx, func() error {
 		_, err := (*w).conn.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", len(migrations)))
 		return err
 	})
-	s.commitStart.Store(0)
+	s.storage.commitStart.Store(0)
 	if err != nil {
 		kind, ok := s.classify(err)
 		if !ok {
 			return err
 		}
-		s.faults.failed(kind, err, 0)
+		s.storage.faults.failed(kind, err, 0)
 		return &storageError{kind: kind, err: err}
 	}
-	s.faults.succeeded()
+	s.storage.faults.succeeded()
 	s.file.readOnly.Store(false)
 	return nil
 }
@@ -407,6 +421,9 @@ func (w *batchWriter) reopen(db *sql.DB) (*batchWriter, error) {
 	w.conn.Close()
 	return fresh, nil
 }
+
+// walLimit bounds the WAL file on disk (see checkWAL).
+const walLimit = 64 << 20
 
 // checkWAL bounds the WAL on disk. SQLite's automatic checkpoints are
 // passive: while a reader holds an old snapshot they cannot reach the end
@@ -523,6 +540,3 @@ func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool
 	}
 	return Pet{ID: id, Name: c.pet.Name, CategoryID: c.pet.CategoryID, Status: c.pet.Status}, false, nil
 }
-
-// walLimit bounds the WAL file on disk (see checkWAL).
-const walLimit = 64 << 20
