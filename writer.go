@@ -94,17 +94,17 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 		s.queue.mu.RUnlock()
 		return Pet{}, false, errClosed
 	}
+	var expired <-chan time.Time // never, without a deadline
+	if !c.deadline.IsZero() {
+		timer := time.NewTimer(time.Until(c.deadline))
+		defer timer.Stop()
+		expired = timer.C
+	}
 	select {
 	case s.queue.writes <- w:
 		s.queue.mu.RUnlock()
 	default:
 		// The queue is full: wait, but not past the deadline.
-		var expired <-chan time.Time
-		if !c.deadline.IsZero() {
-			timer := time.NewTimer(time.Until(c.deadline))
-			defer timer.Stop()
-			expired = timer.C
-		}
 		select {
 		case s.queue.writes <- w:
 			s.queue.mu.RUnlock()
@@ -121,12 +121,6 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 	// deadline, a create the writer has not taken yet is given up, and so
 	// never stored; one it has taken is answered within the deadline
 	// (its lock wait is bounded by it) or, if its commit is slow, late.
-	var expired <-chan time.Time
-	if !c.deadline.IsZero() {
-		timer := time.NewTimer(time.Until(c.deadline))
-		defer timer.Stop()
-		expired = timer.C
-	}
 	select {
 	case r := <-w.done:
 		return r.pet, r.replayed, r.err
