@@ -25,6 +25,9 @@ const (
 	codeUnavailable          = "unavailable"
 	codeIdempotencyKeyReused = "idempotency_key_reused"
 	codeRateLimited          = "rate_limited"
+	// codeAcknowledgedPetsMissing: creates are refused because the file
+	// lost pets this service acknowledged (see faultWentBack).
+	codeAcknowledgedPetsMissing = "acknowledged_pets_missing"
 )
 
 // apiError is the Error body of the specification.
@@ -61,7 +64,7 @@ func writeStoreError(w http.ResponseWriter, r *http.Request, log *slog.Logger, e
 	var fault *storageError
 	if errors.As(err, &fault) {
 		w.Header().Set("Retry-After", fault.kind.retryAfter())
-		writeError(w, http.StatusServiceUnavailable, codeUnavailable, fault.kind.message())
+		writeError(w, http.StatusServiceUnavailable, fault.kind.code(), fault.kind.message())
 		return
 	}
 	writeInternalError(w, r, log, err)

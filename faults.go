@@ -33,6 +33,7 @@ const (
 	faultTimedOut // a create that could not be committed before its deadline
 	faultDamaged  // lasts until the file is restored and the service restarted
 	faultReplaced // lasts until the service is restarted
+	faultWentBack // the file lost pets it held; lasts until restart
 )
 
 // message says what is wrong, starting with the short name of the failing
@@ -53,6 +54,8 @@ func (k faultKind) message() string {
 		return "file replaced: the database file was deleted or replaced while the service ran; the service must be restarted"
 	case faultTimedOut:
 		return "timed out: the pet could not be committed before the write timeout, so it was not stored"
+	case faultWentBack:
+		return "catalogue went back: the database file no longer holds pets this service stored (an older copy was put under it), so new pets would reuse their ids; the service must be restarted"
 	}
 	return "database not answering"
 }
@@ -63,10 +66,20 @@ func (k faultKind) retryAfter() string {
 	switch k {
 	case faultLocked, faultNotAnswering, faultTimedOut:
 		return "1"
-	case faultDamaged, faultReplaced:
+	case faultDamaged, faultReplaced, faultWentBack:
 		return "60"
 	}
 	return "5"
+}
+
+// code is the Error body's code for the fault: the catalogue going back
+// has its own, since a client that retries blindly on "unavailable" must
+// learn that pets it was told were stored are gone.
+func (k faultKind) code() string {
+	if k == faultWentBack {
+		return codeAcknowledgedPetsMissing
+	}
+	return codeUnavailable
 }
 
 // storageError is a store failure with a known cause outside the service.
@@ -158,6 +171,9 @@ type storeHealth struct {
 	// replaced is set once the path no longer names the opened file; it
 	// lasts until restart.
 	replaced atomic.Pointer[storageError]
+	// wentBack is set once the file no longer holds pets the service
+	// held (see view.checkWentBack); it lasts until restart.
+	wentBack atomic.Pointer[storageError]
 	// commitStart is when the commit in progress began (Unix nanoseconds),
 	// 0 between commits: a commit stuck on a frozen filesystem shows in
 	// /healthz.
@@ -238,6 +254,9 @@ func (f *faultLog) current() *storageError {
 // the disk looks full or read-only, or a fault is in force.
 func (s *petStore) health(ctx context.Context) error {
 	if r := s.storage.replaced.Load(); r != nil {
+		return r
+	}
+	if r := s.storage.wentBack.Load(); r != nil {
 		return r
 	}
 	if d := s.storage.damage.Load(); d != nil {

@@ -65,7 +65,31 @@ var migrations = []string{
 	// 3 -> 4: mark the file as petstore's, so a start on another
 	// application's SQLite file is refused instead of adding a table to it.
 	fmt.Sprintf("PRAGMA application_id = %d;", petstoreApplicationID),
+
+	// 4 -> 5: count the changes to pets, so the service tells appends
+	// from any other change made from outside (an operator's sqlite3, a
+	// restore) whatever else shares the file: PRAGMA data_version moves
+	// for a commit to any table, and Litestream keeps tables of its own
+	// here. Triggers count every row inserted, and every row updated or
+	// deleted, by anyone; the writer counts its own inserts (view.go).
+	`CREATE TABLE pets_changes (
+		id       INTEGER PRIMARY KEY CHECK (id = 1),
+		inserted INTEGER NOT NULL,
+		changed  INTEGER NOT NULL
+	) STRICT;
+	INSERT INTO pets_changes VALUES (1, (SELECT count(*) FROM pets), 0);
+	CREATE TRIGGER pets_inserted AFTER INSERT ON pets
+		BEGIN UPDATE pets_changes SET inserted = inserted + 1; END;
+	CREATE TRIGGER pets_updated AFTER UPDATE ON pets
+		BEGIN UPDATE pets_changes SET changed = changed + 1; END;
+	CREATE TRIGGER pets_deleted AFTER DELETE ON pets
+		BEGIN UPDATE pets_changes SET changed = changed + 1; END;`,
 }
+
+// topIDQuery is the highest id the file holds or has handed out
+// (AUTOINCREMENT keeps the latter in sqlite_sequence).
+const topIDQuery = `SELECT max(coalesce((SELECT max(id) FROM pets), 0),
+	coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))`
 
 // petstoreApplicationID is PRAGMA application_id of petstore's files:
 // "PETS" in ASCII. file(1) and other tools show it too.
@@ -73,7 +97,7 @@ const petstoreApplicationID = 0x50455453
 
 // ownTables are the tables a petstore file holds; a file without the
 // application id that holds any other table is not petstore's.
-var ownTables = []string{"pets", "sqlite_sequence"}
+var ownTables = []string{"pets", "pets_changes", "sqlite_sequence"}
 
 // petStore keeps the catalogue in one SQLite file. Writes go through a
 // single connection owned by one goroutine, which commits concurrent
@@ -195,6 +219,7 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	readers.SetMaxIdleConns(n)
 
 	s := &petStore{file: file, writer: writer, readers: readers, log: opts.log,
+		view:    view{loaded: make(chan loadedView, 1)},
 		storage: storeHealth{faults: &faultLog{log: opts.log, path: path}},
 		queue: writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan error),
 			loopDone: make(chan struct{})}}
@@ -224,6 +249,9 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 		}
 	}
 	if err := openAll(readers, n); err != nil {
+		return fail(err)
+	}
+	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
 		return fail(err)
 	}
 	w, err := newBatchWriter(writer)

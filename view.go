@@ -7,7 +7,9 @@
 // commit, before any client hears of it, and publishes to readers as an
 // immutable snapshot through one atomic pointer. Readers never wait on the
 // writer. A write from outside the process (an operator's sqlite3 shell, a
-// restore) is seen through PRAGMA data_version, and the view is rebuilt.
+// restore) is seen through a change count that triggers keep (see
+// catchUp): appends are read in, anything else rebuilds the view in the
+// background while creates go on.
 
 package main
 
@@ -15,6 +17,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"runtime/debug"
@@ -131,16 +134,50 @@ func (c *catalogue) bytes() int {
 // status, which the view cannot hold; reads then go to SQLite.
 var errViewUnloadable = errors.New("the pets table cannot be held in memory as it is")
 
-// view is the writer's side of the in-memory catalogue.
+// changeCount is the pets_changes row, kept by triggers on pets: how many
+// rows were ever inserted, and how many updated or deleted, by anyone.
+// Unlike PRAGMA data_version, it moves only for the pets table, not for
+// the tables Litestream or an operator's tool keep in the same file.
+type changeCount struct{ inserted, changed int64 }
+
+// view is the writer's side of the in-memory catalogue. Every field but
+// published belongs to the writer loop.
 type view struct {
 	// published is what readers use; nil while the view is being loaded
-	// or rebuilt, and then reads go to SQLite.
+	// or rebuilt, and then reads go to SQLite: never to a view known to
+	// be behind the file.
 	published atomic.Pointer[catalogue]
 	// master is the writer's copy, appended to and then published as a
-	// new snapshot. Only the writer loop touches it.
+	// new snapshot; nil while a load runs.
 	master *catalogue
-	// failedAt is when the view last failed to load (writer only).
-	failedAt time.Time
+	// known is the change count that master reflects: the file has
+	// changed under it when the count in the file differs, after the
+	// writer's own inserts are counted.
+	known changeCount
+
+	// A load runs in the background, on a reader connection, and lands
+	// in the writer loop through loaded; reload asks for another, since
+	// the file changed again while it ran.
+	loading, reload bool
+	loaded          chan loadedView
+	cancelLoad      context.CancelFunc
+	failedAt        time.Time // when a load last failed
+	loads           int       // loads so far, the first included, for the log
+
+	// highWater is the highest id the file has held while the service
+	// ran: at start, or acknowledged since. acked are the ids this run
+	// acknowledged, as ranges. A file whose ids no longer reach highWater
+	// went back (see checkWentBack).
+	highWater int64
+	acked     idRanges
+}
+
+// loadedView is a load's outcome.
+type loadedView struct {
+	c     *catalogue
+	known changeCount
+	took  time.Duration
+	err   error
 }
 
 // publish makes the master's current state what readers see.
@@ -149,15 +186,21 @@ func (v *view) publish() {
 	v.published.Store(&snapshot)
 }
 
-// load builds the view afresh from the database, read through conn (the
-// writer's connection, so no commit of ours can fall between the read and
-// the publication). Readers use SQLite meanwhile.
-func (v *view) load(ctx context.Context, conn *sql.Conn) error {
-	v.published.Store(nil)
-	v.master = nil
+// loadCatalogue reads the whole table, with the change count it
+// reflects, in one read transaction, so no commit falls between the two.
+func loadCatalogue(ctx context.Context, db *sql.DB) (*catalogue, changeCount, error) {
+	var known changeCount
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, known, err
+	}
+	defer tx.Rollback()
 	var count, nameBytes int
-	if err := conn.QueryRowContext(ctx, "SELECT count(*), coalesce(sum(length(CAST(name AS BLOB))), 0) FROM pets").Scan(&count, &nameBytes); err != nil {
-		return err
+	if err := tx.QueryRowContext(ctx, "SELECT inserted, changed FROM pets_changes").Scan(&known.inserted, &known.changed); err != nil {
+		return nil, known, err
+	}
+	if err := tx.QueryRowContext(ctx, "SELECT count(*), coalesce(sum(length(CAST(name AS BLOB))), 0) FROM pets").Scan(&count, &nameBytes); err != nil {
+		return nil, known, err
 	}
 	// Sized for what is there and an eighth more, so the first appends do
 	// not copy every array.
@@ -169,29 +212,24 @@ func (v *view) load(ctx context.Context, conn *sql.Conn) error {
 		names:      make([]byte, 0, nameBytes+nameBytes/8+32<<10),
 		statuses:   make([]uint8, 0, room),
 	}
-	rows, err := conn.QueryContext(ctx, "SELECT id, name, category_id, status FROM pets ORDER BY id")
+	rows, err := tx.QueryContext(ctx, "SELECT id, name, category_id, status FROM pets ORDER BY id")
 	if err != nil {
-		return err
+		return nil, known, err
 	}
 	defer rows.Close()
 	var r petRow
 	for rows.Next() {
 		if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
-			return err
+			return nil, known, err
 		}
 		status := statusIndex(string(r.status))
 		if status < 0 || !c.add(r.id, r.name, r.categoryID, status) {
 			// The CHECK constraint and ORDER BY make this impossible for a
 			// sound file; a file that breaks them is served from SQLite.
-			return errViewUnloadable
+			return nil, known, errViewUnloadable
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	v.master = c
-	v.publish()
-	return nil
+	return c, known, rows.Err()
 }
 
 // gcHeadroom is the memory the garbage collector may let the rest of the
@@ -220,56 +258,212 @@ func (v *view) limitMemory() {
 // below it the default doubling costs little.
 const minLimitedView = 16 << 20
 
-// add appends committed pets and publishes them. It reports false when
-// the view can no longer be extended and must be rebuilt.
+// add appends committed pets and publishes them. It reports false, and
+// leaves the master as it was, when they do not all come after its last
+// id: the view must then be rebuilt.
 func (v *view) add(pets []Pet) bool {
 	if v.master == nil {
 		return false
 	}
+	if n := len(v.master.ids); n > 0 && len(pets) > 0 && pets[0].ID <= v.master.ids[n-1] {
+		return false
+	}
 	grown := cap(v.master.ids)
-	defer func() {
-		if v.master != nil && cap(v.master.ids) != grown {
-			v.limitMemory()
-		}
-	}()
 	for _, p := range pets {
 		// The name's bytes are only copied into the arena, never changed.
 		name := unsafe.Slice(unsafe.StringData(p.Name), len(p.Name))
-		if !v.master.add(p.ID, name, p.CategoryID, statusIndex(p.Status)) {
+		status := statusIndex(p.Status)
+		if status < 0 || !v.master.add(p.ID, name, p.CategoryID, status) {
 			v.published.Store(nil)
 			v.master = nil
 			return false
 		}
 	}
+	if cap(v.master.ids) != grown {
+		v.limitMemory()
+	}
 	v.publish()
 	return true
 }
 
-// externalWriteCheck is how often the writer asks SQLite whether another
-// process wrote to the file, to rebuild the view.
-const externalWriteCheck = 250 * time.Millisecond
-
-// loadView (re)builds the in-memory view from the file. If it cannot be
-// built, reads are served from SQLite, and it is tried again later.
-func (s *petStore) loadView(w *batchWriter) {
-	start := time.Now()
-	if err := s.view.load(context.Background(), w.conn); err != nil {
-		s.view.failedAt = time.Now()
-		if kind, ok := s.classify(err); ok && kind == faultDamaged {
-			s.markDamaged(err.Error())
-		}
-		s.log.Warn("lists and gets are read from SQLite: the in-memory view could not be loaded", "err", err.Error(), "db", s.file.path)
-		return
+// lastID is the highest id in the master, 0 when it is empty.
+func (c *catalogue) lastID() int64 {
+	if len(c.ids) == 0 {
+		return 0
 	}
-	w.externalWrite() // what was loaded is the state seen
-	c := s.view.published.Load()
-	s.view.limitMemory()
-	s.log.Info("in-memory view loaded", "pets", len(c.ids), "bytes", c.bytes(),
-		"took", time.Since(start).Round(time.Millisecond).String())
+	return c.ids[len(c.ids)-1]
 }
 
-// viewRetry reports whether a view that failed to load should be tried
-// again: not more often than every 10 s.
-func (s *petStore) viewRetry() bool {
-	return time.Since(s.view.failedAt) > 10*time.Second
+// countAbove counts the pets with an id above top, and gives the lowest
+// and highest of them.
+func (c *catalogue) countAbove(top int64) (n, lo, hi int64) {
+	i := sort.Search(len(c.ids), func(k int) bool { return c.ids[k] > top })
+	if i == len(c.ids) {
+		return 0, 0, 0
+	}
+	return int64(len(c.ids) - i), c.ids[i], c.ids[len(c.ids)-1]
+}
+
+// idRanges are ascending ids as runs of consecutive ones: the ids one run
+// of the service acknowledged, in little memory.
+type idRanges []struct{ lo, hi int64 }
+
+func (r *idRanges) add(id int64) {
+	if n := len(*r); n > 0 && (*r)[n-1].hi+1 == id {
+		(*r)[n-1].hi = id
+		return
+	}
+	*r = append(*r, struct{ lo, hi int64 }{id, id})
+}
+
+// countAbove is catalogue.countAbove for the ranges.
+func (r idRanges) countAbove(top int64) (n, lo, hi int64) {
+	for _, x := range r {
+		if x.hi <= top {
+			continue
+		}
+		from := max(x.lo, top+1)
+		if n == 0 {
+			lo = from
+		}
+		n, hi = n+x.hi-from+1, x.hi
+	}
+	return n, lo, hi
+}
+
+// externalWriteCheck is how often the writer asks SQLite whether another
+// connection committed to the file, to bring the view up to date.
+const externalWriteCheck = 250 * time.Millisecond
+
+// maxCaughtUp is the most outside appends read in the writer's path; a
+// larger import is loaded in the background instead.
+const maxCaughtUp = 4096
+
+// startLoad builds the view afresh in the background from a reader
+// connection, while creates go on committing. Reads go to SQLite until it
+// lands and has caught up (landLoad).
+func (s *petStore) startLoad(why string) {
+	v := &s.view
+	v.published.Store(nil)
+	v.master = nil
+	if v.loading {
+		v.reload = true
+		return
+	}
+	v.loading, v.reload = true, false
+	v.loads++
+	if v.loads > 1 {
+		s.log.Info("in-memory view is rebuilt: the pets table changed from outside the service", "why", why, "db", s.file.path)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	v.cancelLoad = cancel
+	go func() {
+		start := time.Now()
+		c, known, err := loadCatalogue(ctx, s.readers)
+		v.loaded <- loadedView{c: c, known: known, took: time.Since(start), err: err}
+	}()
+}
+
+// landLoad takes a finished load into the writer loop, catches it up with
+// what was committed while it ran, and publishes it.
+func (s *petStore) landLoad(w *batchWriter, l loadedView) {
+	v := &s.view
+	v.loading = false
+	v.cancelLoad()
+	if v.reload {
+		s.startLoad("the file changed again while the view loaded")
+		return
+	}
+	if l.err != nil {
+		v.failedAt = time.Now()
+		if kind, ok := s.classify(l.err); ok && kind == faultDamaged {
+			s.markDamaged(l.err.Error())
+		}
+		s.log.Warn("lists and gets are read from SQLite: the in-memory view could not be loaded", "err", l.err.Error(), "db", s.file.path)
+		return
+	}
+	v.master, v.known = l.c, l.known
+	s.syncView(w)
+	if v.master == nil {
+		return // the file changed in a way that needs another load
+	}
+	v.publish()
+	v.limitMemory()
+	s.log.Info("in-memory view loaded", "pets", len(v.master.ids), "bytes", v.master.bytes(),
+		"took", l.took.Round(time.Millisecond).String())
+}
+
+// syncView brings the view up to date with the file, in a read
+// transaction of the writer's connection, outside any commit.
+func (s *petStore) syncView(w *batchWriter) {
+	if err := w.inReadTx(func() error { return s.catchUp(w) }); err != nil {
+		if _, ok := s.classify(err); !ok && s.storage.wentBack.Load() == nil {
+			s.log.Warn("in-memory view could not be brought up to date; it is rebuilt", "err", err.Error(), "db", s.file.path)
+		}
+		s.startLoad("it could not be brought up to date")
+	}
+}
+
+// catchUp compares the file's change count with the one the view knows,
+// inside a transaction of the writer's connection: in a commit, before
+// its inserts, so no outside change is passed over. Outside appends are
+// read and added; any other change (an update, a delete, a restore)
+// starts a rebuild. A file that went back is refused: checkWentBack.
+func (s *petStore) catchUp(w *batchWriter) error {
+	v := &s.view
+	cur, err := w.changeCount()
+	if err != nil {
+		if _, ok := s.classify(err); ok {
+			return err
+		}
+		cur = changeCount{-1, -1} // no count: an older copy of the file, say
+	}
+	if v.master != nil && cur == v.known {
+		return nil
+	}
+	if err := s.checkWentBack(w); err != nil {
+		return err
+	}
+	if v.master == nil {
+		return nil // a load is on its way, and catches up when it lands
+	}
+	if added := cur.inserted - v.known.inserted; cur.changed == v.known.changed && added > 0 && added <= maxCaughtUp {
+		pets, err := w.petsAfter(v.master.lastID())
+		if err != nil {
+			return err
+		}
+		if int64(len(pets)) == added && v.add(pets) {
+			v.known = cur
+			return nil
+		}
+	}
+	s.startLoad("rows were changed, deleted, or inserted out of order")
+	return nil
+}
+
+// checkWentBack refuses creates, until a restart, once the file's ids no
+// longer reach the highest the service has held: an older copy was put
+// under it (sqlite3 .restore, a cp of a backup). New pets would then get
+// ids already acknowledged for other pets. Pets deleted by hand do not
+// count: AUTOINCREMENT never hands their ids out again.
+func (s *petStore) checkWentBack(w *batchWriter) error {
+	if r := s.storage.wentBack.Load(); r != nil {
+		return r
+	}
+	top, err := w.topID()
+	if err != nil || top >= s.view.highWater {
+		return err
+	}
+	n, lo, hi := s.view.acked.countAbove(top)
+	if c := s.view.master; c != nil {
+		n, lo, hi = c.countAbove(top)
+	}
+	se := &storageError{kind: faultWentBack, err: fmt.Errorf("the file's highest id is %d, but the service held pets up to id %d", top, s.view.highWater)}
+	if s.storage.wentBack.CompareAndSwap(nil, se) {
+		s.log.Error("the database file went back: it no longer holds pets the service stored, so creates are refused until a restart; "+
+			"if the older file is what you meant to serve, restart the service, which serves it and issues ids above every id in it; "+
+			"otherwise stop the service and put the newer file back (README: Outside writes and restores)",
+			"missing_pets", n, "missing_ids", fmt.Sprintf("%d-%d", lo, hi), "file_top_id", top, "db", s.file.path)
+	}
+	return se
 }

@@ -142,10 +142,16 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 func (s *petStore) writeLoop(w *batchWriter) {
 	defer close(s.queue.loopDone)
 	defer func() { w.close() }()
-	// The view is loaded here, by the writer, so that no commit can fall
-	// between reading the table and extending the view. Reads go to
-	// SQLite until it is ready, so a large file answers at once.
-	s.loadView(w)
+	// The view loads in the background; creates are taken at once, and
+	// reads go to SQLite until it is ready, so a large file answers at
+	// once too.
+	s.startLoad("start")
+	defer func() {
+		if s.view.loading {
+			s.view.cancelLoad()
+			<-s.view.loaded
+		}
+	}()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	watch := time.NewTicker(externalWriteCheck)
@@ -173,9 +179,14 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			s.commit(w, batch)
 		case done := <-s.queue.probes:
 			done <- s.probeWrite(&w)
+		case l := <-s.view.loaded:
+			s.landLoad(w, l)
 		case <-watch.C:
-			if w.externalWrite() || s.view.master == nil && s.viewRetry() {
-				s.loadView(w)
+			if w.externalWrite() {
+				s.syncView(w)
+			}
+			if v := &s.view; v.master == nil && !v.loading && time.Since(v.failedAt) > 10*time.Second {
+				s.startLoad("an earlier load failed")
 			}
 		case <-tick.C:
 			if s.storage.faults.current() != nil || s.storage.replaced.Load() != nil {
@@ -194,7 +205,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	refuse := func(err error) {
 		kind, _ := classifyFault(err)
-		if kind != faultReplaced && kind != faultDamaged {
+		if kind != faultReplaced && kind != faultDamaged && kind != faultWentBack {
 			s.storage.faults.failed(kind, err, len(batch))
 		}
 		for _, r := range batch {
@@ -209,8 +220,14 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		refuse(&storageError{kind: faultDamaged, err: errors.New(*d)})
 		return
 	}
+	if r := s.storage.wentBack.Load(); r != nil {
+		refuse(r)
+		return
+	}
 	s.storage.commitStart.Store(time.Now().UnixNano())
-	results, err := w.commit(batch)
+	// Inside the transaction, before its inserts: the view catches up
+	// with any outside change, and a file that went back is refused.
+	results, err := w.commit(batch, func() error { return s.catchUp(w) }, s.view.highWater)
 	s.storage.commitStart.Store(0)
 	if err == nil {
 		if err := s.checkFile(w); err != nil {
@@ -225,10 +242,16 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		for _, r := range results {
 			if r.err == nil && !r.replayed {
 				added = append(added, r.pet)
+				s.view.acked.add(r.pet.ID)
+				s.view.highWater = max(s.view.highWater, r.pet.ID)
 			}
 		}
-		if !s.view.add(added) && s.viewRetry() {
-			s.loadView(w)
+		if s.view.master != nil {
+			if s.view.add(added) {
+				s.view.known.inserted += int64(len(added))
+			} else {
+				s.startLoad("a new pet's id was not above the view's last")
+			}
 		}
 		for i, r := range batch {
 			r.done <- results[i]
@@ -239,7 +262,14 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		if kind == faultDamaged {
 			s.markDamaged(err.Error())
 		}
-		refuse(&storageError{kind: kind, err: err})
+		refuse(asStorageError(err))
+		return
+	}
+	if errors.Is(err, errIDNotNew) {
+		// The transaction is rolled back: the file went back between the
+		// check and the insert.
+		s.checkWentBack(w)
+		refuse(&storageError{kind: faultWentBack, err: err})
 		return
 	}
 	if len(batch) > 1 {
@@ -319,6 +349,7 @@ type batchWriter struct {
 	conn                      *sql.Conn
 	findKey, insert           *sql.Stmt
 	beginTx, commitTx, rollTx *sql.Stmt
+	beginRead, changes, after *sql.Stmt
 	walEmptied                bool          // after the file was replaced
 	dataVersion               int64         // PRAGMA data_version when last asked
 	busyTimeout               time.Duration // the connection's busy_timeout now
@@ -350,6 +381,9 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 		{&w.beginTx, "BEGIN IMMEDIATE"},
 		{&w.commitTx, "COMMIT"},
 		{&w.rollTx, "ROLLBACK"},
+		{&w.beginRead, "BEGIN DEFERRED"},
+		{&w.changes, "SELECT inserted, changed FROM pets_changes"},
+		{&w.after, "SELECT id, name, category_id, status FROM pets WHERE id > ? ORDER BY id LIMIT ?"},
 	} {
 		if *st.stmt, err = conn.PrepareContext(ctx, st.text); err != nil {
 			w.close()
@@ -365,7 +399,7 @@ func (w *batchWriter) close() {
 }
 
 func (w *batchWriter) closeStatements() {
-	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx} {
+	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx, w.beginRead, w.changes, w.after} {
 		if stmt != nil {
 			stmt.Close()
 		}
@@ -394,7 +428,9 @@ func (w *batchWriter) externalWrite() bool {
 	if err := w.conn.QueryRowContext(context.Background(), "PRAGMA data_version").Scan(&v); err != nil {
 		return false
 	}
-	changed := w.dataVersion != 0 && v != w.dataVersion
+	// The first ask, on a new connection, counts as a change: the file may
+	// have changed before there was a value to compare with.
+	changed := v != w.dataVersion
 	w.dataVersion = v
 	return changed
 }
@@ -439,7 +475,8 @@ func (w *batchWriter) checkWAL(walPath string, limit int64) {
 // result, or the error that rolled the transaction back. The statements
 // run without the clients' contexts: one client going away must not abort
 // the others' transaction.
-func (w *batchWriter) commit(batch []*writeRequest) ([]writeResult, error) {
+// check runs first in the transaction; every new id must be above floor.
+func (w *batchWriter) commit(batch []*writeRequest, check func() error, floor int64) ([]writeResult, error) {
 	ctx := context.Background()
 	results := make([]writeResult, len(batch))
 	now := time.Now()
@@ -467,6 +504,9 @@ func (w *batchWriter) commit(batch []*writeRequest) ([]writeResult, error) {
 	}
 	w.setBusyTimeout(wait)
 	err := w.inTx(ctx, func() error {
+		if err := check(); err != nil {
+			return err
+		}
 		for i, r := range batch {
 			if results[i].err != nil {
 				continue // past its deadline: not stored
@@ -479,11 +519,61 @@ func (w *batchWriter) commit(batch []*writeRequest) ([]writeResult, error) {
 			if err != nil && !errors.Is(err, errIdempotencyKeyReused) {
 				return err
 			}
+			if err == nil && !replayed && p.ID <= floor {
+				return fmt.Errorf("%w: id %d, the highest held %d", errIDNotNew, p.ID, floor)
+			}
 			results[i] = writeResult{p, replayed, err}
 		}
 		return nil
 	})
 	return results, err
+}
+
+// errIDNotNew: an insert got an id the service has held before, which
+// only a file that went back can give; its transaction is rolled back.
+var errIDNotNew = errors.New("an insert got an id already held")
+
+// inReadTx runs fn in a read transaction on the writer connection: a
+// snapshot of the file that takes no lock.
+func (w *batchWriter) inReadTx(fn func() error) error {
+	ctx := context.Background()
+	if _, err := w.beginRead.ExecContext(ctx); err != nil {
+		return err
+	}
+	if err := fn(); err != nil {
+		w.rollTx.ExecContext(ctx)
+		return err
+	}
+	_, err := w.commitTx.ExecContext(ctx)
+	return err
+}
+
+// changeCount reads the pets_changes row.
+func (w *batchWriter) changeCount() (changeCount, error) {
+	var c changeCount
+	err := w.changes.QueryRowContext(context.Background()).Scan(&c.inserted, &c.changed)
+	return c, err
+}
+
+// topID is the highest id the file holds or has handed out: the next
+// insert gets a higher one.
+func (w *batchWriter) topID() (int64, error) {
+	var top int64
+	err := w.conn.QueryRowContext(context.Background(), topIDQuery).Scan(&top)
+	return top, err
+}
+
+// petsAfter reads the pets above id, in order, at most maxCaughtUp+1.
+func (w *batchWriter) petsAfter(id int64) ([]Pet, error) {
+	rows, err := w.after.QueryContext(context.Background(), id, maxCaughtUp+1)
+	if err != nil {
+		return nil, err
+	}
+	var pets []Pet
+	_, err = scanRows(rows, maxCaughtUp+1, func(r *petRow) {
+		pets = append(pets, Pet{ID: r.id, Name: string(r.name), CategoryID: r.categoryID, Status: string(r.status)})
+	})
+	return pets, err
 }
 
 // inTx runs fn in an immediate transaction on the writer connection.
