@@ -566,13 +566,42 @@ func maxIDNow(mu *sync.Mutex, maxID *int64) int64 {
 	return *maxID
 }
 
+// versionLineRE matches what petstore -version prints: the module version, and
+// the VCS revision (or unknown), with its time and a dirty tree if the
+// build recorded them.
+var versionLineRE = regexp.MustCompile(`^petstore \S+ \(revision (?:[0-9a-f]+|unknown)(?:, \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)?(?:, modified)?\)\n$`)
+
 func TestVersion(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"petstore", "-version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`^petstore \S+ \(revision [0-9a-f]+|unknown(, \S+)?(, modified)?\)\n$`).MatchString(out.String()) {
+	if !versionLineRE.MatchString(out.String()) {
 		t.Errorf("-version printed %q", out.String())
+	}
+	// The pattern holds real version lines and refuses anything else.
+	for _, line := range []string{
+		"petstore (devel) (revision unknown)\n",
+		"petstore v1.2.3 (revision 3f2a9c0d1e, 2025-11-23T12:08:00Z)\n",
+		"petstore v0.0.0-20251123120800-3f2a9c0d1e2b (revision 3f2a9c0d1e2b, 2025-11-23T12:08:00Z, modified)\n",
+	} {
+		if !versionLineRE.MatchString(line) {
+			t.Errorf("a real version line is refused: %q", line)
+		}
+	}
+	for _, line := range []string{
+		"petstore v1 (revision abc123 and then garbage\n",
+		"garbage unknown)\n",
+		"unknown)\n",
+		"petstore v1 (revision xyz)\n",
+		"petstore v1 (revision abc, modified, 2025-11-23T12:08:00Z)\n",
+		"petstore v1 (revision abc)",
+		"petstore v1 (revision abc)\nmore\n",
+		"",
+	} {
+		if versionLineRE.MatchString(line) {
+			t.Errorf("garbage is taken for a version line: %q", line)
+		}
 	}
 }
 
