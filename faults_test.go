@@ -323,7 +323,11 @@ func TestLockedByAnotherProcess(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			replies[i] = do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+			r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+			if err != nil {
+				t.Error(err)
+			}
+			replies[i] = r
 		}()
 	}
 	wg.Wait()
@@ -401,13 +405,21 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 						mu.Lock()
 						after := !replacedAt.IsZero()
 						mu.Unlock()
-						r := do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+						r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+						if err != nil {
+							t.Error(err)
+							return
+						}
 						if !after {
 							continue
 						}
 						mu.Lock()
 						if r.status == 201 {
-							ackedAfter = append(ackedAfter, decodePet(t, r.body).ID)
+							p, err := parsePet(r.body)
+							if err != nil {
+								t.Error(err)
+							}
+							ackedAfter = append(ackedAfter, p.ID)
 						} else {
 							refusedAfter++
 							checkReply(t, r, 503, map[string]string{"Retry-After": "60"}, replacedBody)
@@ -742,7 +754,13 @@ func TestFrozenStorage(t *testing.T) {
 	}
 	defer thaw()
 	created := make(chan reply, 1)
-	go func() { created <- do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}) }()
+	go func() {
+		r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		if err != nil {
+			t.Error(err)
+		}
+		created <- r
+	}()
 	notAnswering := errBody(503, codeUnavailable, faultNotAnswering.message())
 	waitFor(t, 10*time.Second, "health never reported the stuck commit", func() bool {
 		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 503

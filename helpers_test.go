@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -66,8 +67,21 @@ type reply struct {
 	body   []byte
 }
 
-// do sends c to srv.
+// do sends c to srv. It fails the test if there is no answer, so it is
+// for the test's goroutine; other goroutines use tryDo.
 func do(t *testing.T, srv *httptest.Server, c call) reply {
+	t.Helper()
+	r, err := tryDo(t, srv, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// tryDo sends c to srv and returns the reply, or the error when there is
+// none. A reply that breaks the OpenAPI document is reported with
+// t.Errorf, so tryDo is safe in any goroutine.
+func tryDo(t testing.TB, srv *httptest.Server, c call) (reply, error) {
 	t.Helper()
 	var body io.Reader
 	if c.body != "" {
@@ -75,7 +89,7 @@ func do(t *testing.T, srv *httptest.Server, c call) reply {
 	}
 	req, err := http.NewRequest(c.method, srv.URL+c.path, body)
 	if err != nil {
-		t.Fatal(err)
+		return reply{}, err
 	}
 	req.Header.Set("Authorization", "Bearer "+testKey)
 	if c.method == http.MethodPost {
@@ -90,34 +104,44 @@ func do(t *testing.T, srv *httptest.Server, c call) reply {
 	}
 	resp, err := srv.Client().Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", c.method, c.path, err)
+		return reply{}, fmt.Errorf("%s %s: %w", c.method, c.path, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return reply{}, fmt.Errorf("%s %s: reading the body: %w", c.method, c.path, err)
 	}
 	r := reply{status: resp.StatusCode, header: resp.Header, body: b}
 	checkAgainstOpenAPI(t, c.method, c.path, r)
-	return r
+	return r, nil
 }
 
 // decodeJSON decodes b keeping numbers exact, so an int64 above 2^53 is
 // compared digit for digit.
 func decodeJSON(t *testing.T, b []byte) any {
 	t.Helper()
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		t.Fatalf("body is not JSON: %v: %q", err, b)
+	v, err := parseJSON(b)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return v
 }
 
+// parseJSON is decodeJSON returning its error, for any goroutine.
+func parseJSON(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("body is not JSON: %v: %q", err, b)
+	}
+	return v, nil
+}
+
 // checkReply compares a reply with the expected status, the listed
-// headers and the body, given as JSON text.
-func checkReply(t *testing.T, got reply, status int, header map[string]string, body string) {
+// headers and the body, given as JSON text. It reports with t.Errorf
+// only, so it is safe in any goroutine.
+func checkReply(t testing.TB, got reply, status int, header map[string]string, body string) {
 	t.Helper()
 	if got.status != status {
 		t.Errorf("status = %d, want %d; body %s", got.status, status, got.body)
@@ -132,7 +156,17 @@ func checkReply(t *testing.T, got reply, status int, header map[string]string, b
 			t.Errorf("header %s = %q, want %q", k, g, want)
 		}
 	}
-	if diff := cmp.Diff(decodeJSON(t, []byte(body)), decodeJSON(t, got.body)); diff != "" {
+	want, err := parseJSON([]byte(body))
+	if err != nil {
+		t.Errorf("the expected body: %v", err)
+		return
+	}
+	gotBody, err := parseJSON(got.body)
+	if err != nil {
+		t.Errorf("status %d: %v", got.status, err)
+		return
+	}
+	if diff := cmp.Diff(want, gotBody); diff != "" {
 		t.Errorf("body mismatch (-want +got):\n%s", diff)
 	}
 }
@@ -235,14 +269,31 @@ func startRun(t *testing.T, args []string, env map[string]string) (baseURL strin
 	return baseURL, stderr, stop
 }
 
-// send makes one request to a running service.
+// send makes one request to a running service. It fails the test if
+// there is no answer, so it is for the test's goroutine; other goroutines
+// use trySend.
 func send(t *testing.T, method, url, key, body string) reply {
+	t.Helper()
+	r, err := trySend(t, method, url, key, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// trySend is send returning the error when there is no answer, and
+// reporting a reply that breaks the OpenAPI document with t.Errorf: safe
+// in any goroutine.
+func trySend(t testing.TB, method, url, key, body string) (reply, error) {
 	t.Helper()
 	var r io.Reader
 	if body != "" {
 		r = strings.NewReader(body)
 	}
-	req, _ := http.NewRequest(method, url, r)
+	req, err := http.NewRequest(method, url, r)
+	if err != nil {
+		return reply{}, err
+	}
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
@@ -251,13 +302,16 @@ func send(t *testing.T, method, url, key, body string) reply {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
+		return reply{}, fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return reply{}, fmt.Errorf("%s %s: reading the body: %w", method, url, err)
+	}
 	got := reply{resp.StatusCode, resp.Header, b}
 	checkAgainstOpenAPI(t, method, req.URL.RequestURI(), got)
-	return got
+	return got, nil
 }
 
 // sha256Sum and hexDigest compute a key's digest independently of the code
