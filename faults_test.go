@@ -50,39 +50,52 @@ func newLoggedServer(t *testing.T, path string, opts storeOptions) (*httptest.Se
 
 // mountTmpfs mounts a tmpfs of the given size (such as "4m") on a temp
 // dir: a real small filesystem to fill. Mounting needs root; CI runs as
-// root, so these tests run there.
+// root, so these tests run there (the storage faults are also tested
+// without root by the tests that need no mount).
 func mountTmpfs(t *testing.T, size string) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root (CI runs as root); the storage faults are also tested without root by the tests that need no mount")
-	}
+	needRoot(t, "to mount a tmpfs")
+	mount := needTool(t, "mount", "apt-get install mount")
 	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs (mount is in Debian's util-linux): %v: %s", err, out)
+	mustMount(t, dir, exec.Command(mount, "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir))
+	return dir
+}
+
+// mustMount runs a mount command for dir and unmounts dir when the test
+// ends. Root without the right to mount (a container without
+// CAP_SYS_ADMIN or loop devices) lacks what the test needs; any other
+// failure fails the test.
+func mustMount(t *testing.T, dir string, mount *exec.Cmd) {
+	t.Helper()
+	if out, err := mount.CombinedOutput(); err != nil {
+		if regexp.MustCompile(`(?i)permission denied|not permitted|loop device`).Match(out) {
+			lacking(t, "the right to mount filesystems", "root with CAP_SYS_ADMIN and loop devices, as CI has; "+strings.TrimSpace(string(out)))
+		}
+		t.Fatalf("%s: %v: %s", mount, err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
-	return dir
 }
 
 // mountExt4 loop-mounts a new 32 MiB ext4 image on a temp dir: a real
 // block filesystem, which can be shut down or frozen. It needs root.
 func mountExt4(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("loop-mounting an ext4 image needs root (CI runs as root)")
-	}
+	needRoot(t, "to loop-mount an ext4 image")
+	mkfs := needTool(t, "mkfs.ext4", "apt-get install e2fsprogs")
+	mount := needTool(t, "mount", "apt-get install mount")
 	img := filepath.Join(t.TempDir(), "disk.img")
 	dir := t.TempDir()
-	for _, args := range [][]string{
-		{"truncate", "-s", "32M", img},
-		{"mkfs.ext4", "-q", img},
-		{"mount", "-o", "loop", img, dir},
-	} {
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v (truncate and mount: util-linux, coreutils; mkfs.ext4: e2fsprogs): %v: %s", args, err, out)
-		}
+	f, err := os.Create(img)
+	if err == nil {
+		err = errors.Join(f.Truncate(32<<20), f.Close())
 	}
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(mkfs, "-q", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	mustMount(t, dir, exec.Command(mount, "-o", "loop", img, dir))
 	return dir
 }
 
@@ -232,14 +245,15 @@ func TestReadOnlyStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	store.close()
+	chattrBin := needTool(t, "chattr", "apt-get install e2fsprogs")
 	chattr := func(flag string) {
 		t.Helper()
-		if out, err := exec.Command("chattr", flag, path).CombinedOutput(); err != nil {
-			t.Fatalf("chattr %s (Debian's e2fsprogs): %v: %s", flag, err, out)
+		if out, err := exec.Command(chattrBin, flag, path).CombinedOutput(); err != nil {
+			t.Fatalf("chattr %s: %v: %s", flag, err, out)
 		}
 	}
 	chattr("+i")
-	defer exec.Command("chattr", "-i", path).Run()
+	defer exec.Command(chattrBin, "-i", path).Run()
 
 	srv, _, logs := newLoggedServer(t, path, storeOptions{})
 	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil,
@@ -742,13 +756,14 @@ func TestFrozenStorage(t *testing.T) {
 	dir := mountExt4(t)
 	srv, _, _ := newLoggedServer(t, filepath.Join(dir, "pets.db"), storeOptions{})
 	createPets(t, srv, newPetBody)
-	if out, err := exec.Command("fsfreeze", "-f", dir).CombinedOutput(); err != nil {
-		t.Fatalf("fsfreeze (Debian's util-linux): %v: %s", err, out)
+	fsfreeze := needTool(t, "fsfreeze", "apt-get install util-linux")
+	if out, err := exec.Command(fsfreeze, "-f", dir).CombinedOutput(); err != nil {
+		t.Fatalf("fsfreeze: %v: %s", err, out)
 	}
 	thawed := false
 	thaw := func() {
 		if !thawed {
-			exec.Command("fsfreeze", "-u", dir).Run()
+			exec.Command(fsfreeze, "-u", dir).Run()
 			thawed = true
 		}
 	}

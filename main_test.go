@@ -621,10 +621,7 @@ func TestSystemdUnit(t *testing.T) {
 			t.Errorf("petstore.service lacks the line %q", want)
 		}
 	}
-	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Fatalf("systemd-analyze is needed to verify the unit (apt-get install systemd): %v", err)
-	}
+	analyze := needTool(t, "systemd-analyze", "apt-get install systemd")
 	// verify wants ExecStart's program to exist: point it at an executable.
 	self, err := os.Executable()
 	if err != nil {
