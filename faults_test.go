@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -125,23 +126,6 @@ func fillDisk(t *testing.T, dir string) (free func()) {
 		if err := os.Remove(path); err != nil {
 			t.Fatal(err)
 		}
-	}
-}
-
-// countLines counts the log lines that match re.
-func countLines(logs *syncBuffer, re string) int {
-	return len(regexp.MustCompile(re).FindAllString(logs.String(), -1))
-}
-
-// waitFor polls cond for up to d.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -479,7 +463,7 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 			if len(ackedAfter) != 0 || refusedAfter == 0 {
 				t.Errorf("creates sent after the replacement: %d acknowledged (want 0), %d refused", len(ackedAfter), refusedAfter)
 			}
-			if !slicesEqual(got, want) {
+			if !slices.Equal(got, want) {
 				t.Errorf("the file now at the path holds %v, want %v", got, want)
 			}
 			var check string
@@ -488,18 +472,6 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 			}
 		})
 	}
-}
-
-func slicesEqual(a, b []Pet) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestOneServicePerFile: a second service on the same file refuses to
@@ -514,9 +486,9 @@ func TestOneServicePerFile(t *testing.T) {
 	}
 	first.close()
 
-	bin := buildBinary(t)
+	bin := petstoreBinary(t)
 	db := filepath.Join(t.TempDir(), "pets.db")
-	base, _ := startBinary(t, bin, db)
+	base, _ := startBinary(t, nil, []string{"-db", db}, nil)
 	if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
 		t.Fatalf("create: %d %s", r.status, r.body)
 	}
@@ -712,7 +684,7 @@ func TestWALIsBounded(t *testing.T) {
 // work: whatever is at the backup's name afterwards is a complete backup,
 // never a partial file that a restore would accept.
 func TestBackupInterrupted(t *testing.T) {
-	bin := buildBinary(t)
+	bin := petstoreBinary(t)
 	db := filepath.Join(t.TempDir(), "pets.db")
 	const pets = 200000
 	preloadPets(t, db, pets)

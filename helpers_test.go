@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -17,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -189,15 +191,21 @@ func createPets(t *testing.T, srv *httptest.Server, bodies ...string) {
 }
 
 // syncBuffer is a bytes.Buffer safe for run's logger and the test to
-// share.
+// share. With a limit above zero it keeps only the first limit bytes
+// written to it.
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu    sync.Mutex
+	b     bytes.Buffer
+	limit int
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.limit > 0 {
+		s.b.Write(p[:min(len(p), max(0, s.limit-s.b.Len()))])
+		return len(p), nil
+	}
 	return s.b.Write(p)
 }
 
@@ -207,50 +215,82 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// patience is how long a test waits for something that takes moments on
+// an idle machine: generous, so that a loaded 2-core machine (a build
+// beside the tests, -race) never fails a test that is right, while a
+// hang still fails.
+const patience = time.Minute
+
+// waitFor polls cond until it holds, and fails the test if it has not
+// within d. It is the one way the tests wait for a state: never a sleep
+// followed by a check. It must be called from the test's goroutine.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for pause := time.Millisecond; !cond(); pause = min(2*pause, 10*time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up after %s waiting for %s", d, what)
+		}
+		time.Sleep(pause)
+	}
+}
+
+// waitForLog waits until log has count lines matching re, and shows the
+// log if it never does.
+func waitForLog(t testing.TB, log *syncBuffer, re string, count int) {
+	t.Helper()
+	pattern := regexp.MustCompile(re)
+	found := false
+	defer func() {
+		if !found {
+			t.Logf("the log:\n%s", log)
+		}
+	}()
+	waitFor(t, patience, fmt.Sprintf("%d log lines matching %q", count, re), func() bool {
+		return len(pattern.FindAllString(log.String(), -1)) >= count
+	})
+	found = true
+}
+
+// countLines counts the log lines that match re.
+func countLines(logs *syncBuffer, re string) int {
+	return len(regexp.MustCompile(re).FindAllString(logs.String(), -1))
+}
+
+// listeningLine finds the service's "listening" line, in text or JSON
+// format, and its base URL.
+var listeningLine = regexp.MustCompile(`msg=listening addr=(https?://\S+)|"msg":"listening","addr":"(https?://[^"]+)"`)
+
+// listeningAt returns the base URL of the first "listening" line in log,
+// or "".
+func listeningAt(log string) string {
+	if m := listeningLine.FindStringSubmatch(log); m != nil {
+		return m[1] + m[2]
+	}
+	return ""
+}
+
 // startRun runs the whole program in-process and returns its base URL
-// once it listens, and a function that stops it and returns run's error.
-func startRun(t *testing.T, args []string, env map[string]string) (baseURL string, stderr *syncBuffer, stop func() error) {
+// once it listens, its log, and a function that stops it and returns
+// run's error (nil on a second call). The address is read from the
+// "listening" line; at a level above info there is none, and args name a
+// fixed address (freeAddr) whose /healthz is polled instead.
+func startRun(t testing.TB, args []string, env map[string]string) (baseURL string, stderr *syncBuffer, stop func() error) {
+	t.Helper()
+	return startRunLogging(t, args, env, &syncBuffer{})
+}
+
+// startRunLogging is startRun with the log written to stderr, such as a
+// syncBuffer with a limit.
+func startRunLogging(t testing.TB, args []string, env map[string]string, stderr *syncBuffer) (baseURL string, _ *syncBuffer, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stderr = &syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, append([]string{"petstore"}, args...), func(k string) string { return env[k] }, io.Discard, stderr)
 	}()
-	// The "listening" line in text or JSON format; at a level above info
-	// there is none, and the caller names a fixed address in args.
-	addrRE := regexp.MustCompile(`msg=listening addr=(https?://\S+)|"msg":"listening","addr":"(https?://[^"]+)"`)
-	fixed := ""
-	for i, a := range args {
-		if a == "-addr" && i+1 < len(args) && !strings.HasSuffix(args[i+1], ":0") {
-			fixed = "http://" + args[i+1]
-		}
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if m := addrRE.FindStringSubmatch(stderr.String()); m != nil {
-			baseURL = m[1] + m[2]
-			break
-		}
-		if fixed != "" {
-			if resp, err := http.Get(fixed + "/healthz"); err == nil {
-				resp.Body.Close()
-				baseURL = fixed
-				break
-			}
-		}
-		select {
-		case err := <-done:
-			cancel()
-			t.Fatalf("run exited before listening: %v\n%s", err, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("run did not start listening:\n%s", stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	var runErr error
+	returned := false
 	stopped := false
 	stop = func() error {
 		if stopped {
@@ -258,15 +298,53 @@ func startRun(t *testing.T, args []string, env map[string]string) (baseURL strin
 		}
 		stopped = true
 		cancel()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(15 * time.Second):
-			t.Fatal("run did not return after cancel")
-			return nil
+		if !returned {
+			select {
+			case runErr = <-done:
+				returned = true
+			case <-time.After(patience):
+				t.Fatalf("run did not return within %s after cancel:\n%s", patience, stderr)
+			}
 		}
+		return runErr
 	}
 	t.Cleanup(func() { stop() })
+
+	fixed := ""
+	for i, a := range args {
+		if a == "-addr" && i+1 < len(args) && !strings.HasSuffix(args[i+1], ":0") {
+			fixed = "http://" + args[i+1]
+		}
+	}
+	started := false
+	defer func() {
+		if !started {
+			t.Logf("the service's log:\n%s", stderr)
+		}
+	}()
+	waitFor(t, patience, "the service to listen", func() bool {
+		if baseURL = listeningAt(stderr.String()); baseURL != "" {
+			return true
+		}
+		if fixed != "" {
+			if resp, err := http.Get(fixed + "/healthz"); err == nil {
+				resp.Body.Close()
+				baseURL = fixed
+				return true
+			}
+		}
+		select {
+		case runErr = <-done:
+			returned = true
+			return true
+		default:
+			return false
+		}
+	})
+	if baseURL == "" {
+		t.Fatalf("run returned before it listened: %v", runErr)
+	}
+	started = true
 	return baseURL, stderr, stop
 }
 
@@ -321,23 +399,11 @@ func sha256Sum(k string) keyDigest { return keyDigest(sha256.Sum256([]byte(k))) 
 
 func hexDigest(k string) string { d := sha256Sum(k); return hex.EncodeToString(d[:]) }
 
-// waitForLog waits until the service's log has grown a line matching re
-// beyond the first skip matches.
-func waitForLog(t *testing.T, log *syncBuffer, re string, count int) {
-	t.Helper()
-	pattern := regexp.MustCompile(re)
-	deadline := time.Now().Add(5 * time.Second)
-	for len(pattern.FindAllString(log.String(), -1)) < count {
-		if time.Now().After(deadline) {
-			t.Fatalf("log never had %d lines matching %q:\n%s", count, re, log.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // freeAddr returns a loopback address with a port that was free a moment
-// ago, for a service whose log will not say where it listens.
-func freeAddr(t *testing.T) string {
+// ago: only for a service whose log will not say where it listens (a log
+// level above info). Everything else listens on port 0 and reads its
+// address from the "listening" line.
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -367,18 +433,6 @@ func walkCatalogue(t *testing.T, get func(path string) reply) []Pet {
 // quietLogger is the service's logger, at its default level, writing to
 // nowhere: for tests that do not read the log.
 func quietLogger() *slog.Logger { return newLogger(io.Discard, "text", slog.LevelInfo) }
-
-// buildBinary builds the petstore binary into a temp dir, for the tests
-// that run it as an operator would: SIGKILL, a second process, exit codes.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	goBin := needTool(t, "go", "https://go.dev/doc/install")
-	bin := filepath.Join(t.TempDir(), "petstore")
-	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // lacking says that this test cannot run here for want of what (a tool,
 // root, the network), in one line naming it and how to get it. The test
@@ -456,4 +510,109 @@ func offline(out []byte) string {
 		}
 	}
 	return ""
+}
+
+// built is the petstore binary, built once per run of the test binary
+// for every test that runs it as an operator would (SIGKILL, a second
+// process, exit codes, a stalled log pipe); TestMain removes it.
+var built struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// petstoreBinary returns the path of the built petstore binary.
+func petstoreBinary(t testing.TB) string {
+	t.Helper()
+	goBin := needTool(t, "go", "https://go.dev/doc/install")
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "petstore-test-")
+		if built.err != nil {
+			return
+		}
+		built.path = filepath.Join(built.dir, "petstore")
+		if out, err := exec.Command(goBin, "build", "-o", built.path, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.path
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// startBinary starts the built binary as an operator would, on
+// 127.0.0.1:0 with the test key, followed by args, and returns its base
+// URL once its "listening" line says where it listens. wrap, if any, is a
+// command that execs the binary with its arguments (such as a shell that
+// lowers a limit first). The log goes to stderr (nil: read and dropped),
+// from a pipe that this helper reads: a stderr that blocks stalls the
+// service's log output. The process is killed when the test ends.
+func startBinary(t testing.TB, wrap, args []string, stderr io.Writer) (base string, cmd *exec.Cmd) {
+	t.Helper()
+	for i, a := range args {
+		if strings.TrimLeft(a, "-") == "log-level" && i+1 < len(args) && !regexp.MustCompile(`(?i)^(debug|info)$`).MatchString(args[i+1]) {
+			t.Fatalf("startBinary reads the address from the listening line, which -log-level %s hides", args[i+1])
+		}
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	argv := append(append(slices.Clone(wrap), petstoreBinary(t), "-addr", "127.0.0.1:0"), args...)
+	cmd = exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "PETSTORE_API_KEYS="+testKey)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		r.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	head := &syncBuffer{} // the log up to the listening line
+	listening := make(chan string, 1)
+	go func() {
+		defer r.Close() // once stderr fails, so do the service's writes
+		lines := bufio.NewReader(r)
+		for {
+			line, err := lines.ReadString('\n')
+			head.Write([]byte(line))
+			if base := listeningAt(line); base != "" {
+				listening <- base
+				break
+			}
+			if err != nil {
+				close(listening)
+				return
+			}
+		}
+		if _, err := io.WriteString(stderr, head.String()); err == nil {
+			io.Copy(stderr, lines)
+		}
+	}()
+	select {
+	case base, ok := <-listening:
+		if !ok {
+			cmd.Wait()
+			t.Fatalf("%s exited before it listened: %v\n%s", argv, cmd.ProcessState, head)
+		}
+		return base, cmd
+	case <-time.After(patience):
+		t.Fatalf("%s did not listen within %s:\n%s", argv, patience, head)
+	}
+	return "", nil
 }
