@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"database/sql"
 	"fmt"
 	"io"
@@ -110,32 +109,30 @@ func loadAtSize(b *testing.B, pets, conns int, duration time.Duration) map[strin
 	db := filepath.Join(dir, "bench.db")
 	preloadPets(b, db, pets)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	// The service logs as it does by default (a line per request); only
 	// the head of the log is kept, to show if it fails to start.
-	stderr := &syncBuffer{}
-	done := make(chan error, 1)
+	stderr := &syncBuffer{limit: 64 << 10}
 	env := map[string]string{"PETSTORE_API_KEYS": testKey}
-	addr := freeLoopbackAddr(b)
+	level := cmpOr(os.Getenv("PETSTORE_BENCH_LOG_LEVEL"), "info")
+	addr := "127.0.0.1:0"
+	if !regexp.MustCompile(`(?i)^(debug|info)$`).MatchString(level) {
+		addr = freeAddr(b) // no "listening" line to read the port from
+	}
 	started := time.Now()
-	go func() {
-		args := []string{"petstore", "-addr", addr, "-db", db, "-log-level", cmpOr(os.Getenv("PETSTORE_BENCH_LOG_LEVEL"), "info")}
-		done <- run(ctx, args, func(k string) string { return env[k] }, io.Discard, headWriter{stderr, 64 << 10})
-	}()
-	base := "http://" + addr
-	waitHealthy(b, base, stderr)
+	base, _, stop := startRunLogging(b, []string{"-addr", addr, "-db", db, "-log-level", level}, env, stderr)
+	waitFor(b, patience, "the service to answer /healthz with 200", func() bool {
+		resp, err := http.Get(base + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
 	startup := time.Since(started)
 	// Lists and gets are measured from the in-memory view, as the service
 	// serves them once it is up; until it is loaded they come from SQLite.
 	viewLine := regexp.MustCompile(`msg="in-memory view loaded" pets=(\d+) bytes=(\d+) took=(\S+)`)
-	deadline := time.Now().Add(60 * time.Second)
-	for viewLine.FindStringSubmatch(stderr.String()) == nil {
-		if time.Now().After(deadline) {
-			b.Fatalf("the in-memory view was not loaded:\n%s", stderr.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitForLog(b, stderr, viewLine.String(), 1)
 	view := viewLine.FindStringSubmatch(stderr.String())
 	viewPets, _ := strconv.Atoi(view[1])
 	viewBytes, _ := strconv.Atoi(view[2])
@@ -149,7 +146,7 @@ func loadAtSize(b *testing.B, pets, conns int, duration time.Duration) map[strin
 	floor := startFloor(b, list20, listSold, one)
 
 	fmt.Printf("\nload: %d pets, %d keep-alive clients, %v per operation and server, GOMAXPROCS=%d, log level %s\n",
-		pets, conns, duration, runtime.GOMAXPROCS(0), cmpOr(os.Getenv("PETSTORE_BENCH_LOG_LEVEL"), "info"))
+		pets, conns, duration, runtime.GOMAXPROCS(0), level)
 	fmt.Printf("start on the existing file to first /healthz 200: %v; in-memory view of %d pets loaded in %s: %d bytes, %.1f bytes a pet\n",
 		startup.Round(time.Millisecond), viewPets, view[3], viewBytes, float64(viewBytes)/float64(max(viewPets, 1)))
 	fmt.Printf("%-32s %12s %10s %10s   %12s %10s %10s   %6s\n", "operation", "req/s", "p50", "p99", "floor req/s", "p50", "p99", "ratio")
@@ -172,27 +169,10 @@ func loadAtSize(b *testing.B, pets, conns int, duration time.Duration) map[strin
 	}
 	peak := rss()
 	fmt.Printf("peak RSS of the whole benchmark process (service, floor and load clients) during the load: %.1f MiB\n", float64(peak)/(1<<20))
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		b.Fatal(err)
 	}
 	return results
-}
-
-// headWriter keeps the first max bytes written to it and drops the rest.
-type headWriter struct {
-	b   *syncBuffer
-	max int
-}
-
-func (h headWriter) Write(p []byte) (int, error) {
-	h.b.mu.Lock()
-	room := h.max - h.b.b.Len()
-	h.b.mu.Unlock()
-	if room > 0 {
-		h.b.Write(p[:min(room, len(p))])
-	}
-	return len(p), nil
 }
 
 // sampleRSS samples this process's resident set every 50 ms until the
@@ -439,33 +419,6 @@ func preloadPets(tb testing.TB, path string, n int) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-}
-
-// freeLoopbackAddr returns a loopback address whose port was free a
-// moment ago.
-func freeLoopbackAddr(tb testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// waitHealthy polls /healthz until the service answers 200.
-func waitHealthy(tb testing.TB, base string, stderr *syncBuffer) {
-	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get(base + "/healthz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
-	tb.Fatalf("service did not become healthy:\n%s", stderr.String())
 }
 
 // benchGet fetches one answer with the test key.

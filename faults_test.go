@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,39 +51,52 @@ func newLoggedServer(t *testing.T, path string, opts storeOptions) (*httptest.Se
 
 // mountTmpfs mounts a tmpfs of the given size (such as "4m") on a temp
 // dir: a real small filesystem to fill. Mounting needs root; CI runs as
-// root, so these tests run there.
+// root, so these tests run there (the storage faults are also tested
+// without root by the tests that need no mount).
 func mountTmpfs(t *testing.T, size string) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root (CI runs as root); the storage faults are also tested without root by the tests that need no mount")
-	}
+	needRoot(t, "to mount a tmpfs")
+	mount := needTool(t, "mount", "apt-get install mount")
 	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs (mount is in Debian's util-linux): %v: %s", err, out)
+	mustMount(t, dir, exec.Command(mount, "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir))
+	return dir
+}
+
+// mustMount runs a mount command for dir and unmounts dir when the test
+// ends. Root without the right to mount (a container without
+// CAP_SYS_ADMIN or loop devices) lacks what the test needs; any other
+// failure fails the test.
+func mustMount(t *testing.T, dir string, mount *exec.Cmd) {
+	t.Helper()
+	if out, err := mount.CombinedOutput(); err != nil {
+		if regexp.MustCompile(`(?i)permission denied|not permitted|loop device`).Match(out) {
+			lacking(t, "the right to mount filesystems", "root with CAP_SYS_ADMIN and loop devices, as CI has; "+strings.TrimSpace(string(out)))
+		}
+		t.Fatalf("%s: %v: %s", mount, err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
-	return dir
 }
 
 // mountExt4 loop-mounts a new 32 MiB ext4 image on a temp dir: a real
 // block filesystem, which can be shut down or frozen. It needs root.
 func mountExt4(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("loop-mounting an ext4 image needs root (CI runs as root)")
-	}
+	needRoot(t, "to loop-mount an ext4 image")
+	mkfs := needTool(t, "mkfs.ext4", "apt-get install e2fsprogs")
+	mount := needTool(t, "mount", "apt-get install mount")
 	img := filepath.Join(t.TempDir(), "disk.img")
 	dir := t.TempDir()
-	for _, args := range [][]string{
-		{"truncate", "-s", "32M", img},
-		{"mkfs.ext4", "-q", img},
-		{"mount", "-o", "loop", img, dir},
-	} {
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v (truncate and mount: util-linux, coreutils; mkfs.ext4: e2fsprogs): %v: %s", args, err, out)
-		}
+	f, err := os.Create(img)
+	if err == nil {
+		err = errors.Join(f.Truncate(32<<20), f.Close())
 	}
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(mkfs, "-q", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	mustMount(t, dir, exec.Command(mount, "-o", "loop", img, dir))
 	return dir
 }
 
@@ -112,23 +126,6 @@ func fillDisk(t *testing.T, dir string) (free func()) {
 		if err := os.Remove(path); err != nil {
 			t.Fatal(err)
 		}
-	}
-}
-
-// countLines counts the log lines that match re.
-func countLines(logs *syncBuffer, re string) int {
-	return len(regexp.MustCompile(re).FindAllString(logs.String(), -1))
-}
-
-// waitFor polls cond for up to d.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -232,14 +229,15 @@ func TestReadOnlyStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	store.close()
+	chattrBin := needTool(t, "chattr", "apt-get install e2fsprogs")
 	chattr := func(flag string) {
 		t.Helper()
-		if out, err := exec.Command("chattr", flag, path).CombinedOutput(); err != nil {
-			t.Fatalf("chattr %s (Debian's e2fsprogs): %v: %s", flag, err, out)
+		if out, err := exec.Command(chattrBin, flag, path).CombinedOutput(); err != nil {
+			t.Fatalf("chattr %s: %v: %s", flag, err, out)
 		}
 	}
 	chattr("+i")
-	defer exec.Command("chattr", "-i", path).Run()
+	defer exec.Command(chattrBin, "-i", path).Run()
 
 	srv, _, logs := newLoggedServer(t, path, storeOptions{})
 	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil,
@@ -323,7 +321,11 @@ func TestLockedByAnotherProcess(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			replies[i] = do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+			r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+			if err != nil {
+				t.Error(err)
+			}
+			replies[i] = r
 		}()
 	}
 	wg.Wait()
@@ -401,13 +403,21 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 						mu.Lock()
 						after := !replacedAt.IsZero()
 						mu.Unlock()
-						r := do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+						r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+						if err != nil {
+							t.Error(err)
+							return
+						}
 						if !after {
 							continue
 						}
 						mu.Lock()
 						if r.status == 201 {
-							ackedAfter = append(ackedAfter, decodePet(t, r.body).ID)
+							p, err := parsePet(r.body)
+							if err != nil {
+								t.Error(err)
+							}
+							ackedAfter = append(ackedAfter, p.ID)
 						} else {
 							refusedAfter++
 							checkReply(t, r, 503, map[string]string{"Retry-After": "60"}, replacedBody)
@@ -453,7 +463,7 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 			if len(ackedAfter) != 0 || refusedAfter == 0 {
 				t.Errorf("creates sent after the replacement: %d acknowledged (want 0), %d refused", len(ackedAfter), refusedAfter)
 			}
-			if !slicesEqual(got, want) {
+			if !slices.Equal(got, want) {
 				t.Errorf("the file now at the path holds %v, want %v", got, want)
 			}
 			var check string
@@ -462,18 +472,6 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 			}
 		})
 	}
-}
-
-func slicesEqual(a, b []Pet) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestOneServicePerFile: a second service on the same file refuses to
@@ -488,9 +486,9 @@ func TestOneServicePerFile(t *testing.T) {
 	}
 	first.close()
 
-	bin := buildBinary(t)
+	bin := petstoreBinary(t)
 	db := filepath.Join(t.TempDir(), "pets.db")
-	base, _ := startBinary(t, bin, db)
+	base, _ := startBinary(t, nil, []string{"-db", db}, nil)
 	if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
 		t.Fatalf("create: %d %s", r.status, r.body)
 	}
@@ -686,7 +684,7 @@ func TestWALIsBounded(t *testing.T) {
 // work: whatever is at the backup's name afterwards is a complete backup,
 // never a partial file that a restore would accept.
 func TestBackupInterrupted(t *testing.T) {
-	bin := buildBinary(t)
+	bin := petstoreBinary(t)
 	db := filepath.Join(t.TempDir(), "pets.db")
 	const pets = 200000
 	preloadPets(t, db, pets)
@@ -730,19 +728,26 @@ func TestFrozenStorage(t *testing.T) {
 	dir := mountExt4(t)
 	srv, _, _ := newLoggedServer(t, filepath.Join(dir, "pets.db"), storeOptions{})
 	createPets(t, srv, newPetBody)
-	if out, err := exec.Command("fsfreeze", "-f", dir).CombinedOutput(); err != nil {
-		t.Fatalf("fsfreeze (Debian's util-linux): %v: %s", err, out)
+	fsfreeze := needTool(t, "fsfreeze", "apt-get install util-linux")
+	if out, err := exec.Command(fsfreeze, "-f", dir).CombinedOutput(); err != nil {
+		t.Fatalf("fsfreeze: %v: %s", err, out)
 	}
 	thawed := false
 	thaw := func() {
 		if !thawed {
-			exec.Command("fsfreeze", "-u", dir).Run()
+			exec.Command(fsfreeze, "-u", dir).Run()
 			thawed = true
 		}
 	}
 	defer thaw()
 	created := make(chan reply, 1)
-	go func() { created <- do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}) }()
+	go func() {
+		r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		if err != nil {
+			t.Error(err)
+		}
+		created <- r
+	}()
 	notAnswering := errBody(503, codeUnavailable, faultNotAnswering.message())
 	waitFor(t, 10*time.Second, "health never reported the stuck commit", func() bool {
 		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 503

@@ -69,22 +69,38 @@ func checkErrorBody(t *testing.T, r reply) {
 // decodePet decodes b as exactly one Pet with valid fields.
 func decodePet(t *testing.T, b []byte) Pet {
 	t.Helper()
+	p, err := parsePet(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// parsePet is decodePet returning its error, for any goroutine.
+func parsePet(b []byte) (Pet, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	var p Pet
 	if err := dec.Decode(&p); err != nil {
-		t.Fatalf("not a Pet: %v: %s", err, b)
+		return Pet{}, fmt.Errorf("not a Pet: %v: %s", err, b)
 	}
-	checkPet(t, p)
-	return p
+	return p, petProblem(p)
 }
 
 // checkPet asserts what every stored pet satisfies.
 func checkPet(t *testing.T, p Pet) {
 	t.Helper()
-	if p.ID < 1 || p.CategoryID < 1 || strings.TrimSpace(p.Name) == "" || len([]rune(p.Name)) > maxNameLength || !slices.Contains(petStatuses, p.Status) {
-		t.Fatalf("invalid pet %+v", p)
+	if err := petProblem(p); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// petProblem says what in p no stored pet may be, or nil.
+func petProblem(p Pet) error {
+	if p.ID < 1 || p.CategoryID < 1 || strings.TrimSpace(p.Name) == "" || len([]rune(p.Name)) > maxNameLength || !slices.Contains(petStatuses, p.Status) {
+		return fmt.Errorf("invalid pet %+v", p)
+	}
+	return nil
 }
 
 // createBodySeeds are create bodies good and bad, for both create fuzz

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -247,47 +246,13 @@ func writeTestCertificate(t *testing.T, dir string) (certFile, keyFile string, p
 	return certFile, keyFile, pool
 }
 
-// startBinary starts the built petstore binary on db and returns its base
-// URL once it listens. Its log is drained so it never blocks on stderr.
-func startBinary(t *testing.T, bin, db string) (string, *exec.Cmd) {
-	t.Helper()
-	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-db", db)
-	cmd.Env = append(os.Environ(), "PETSTORE_API_KEYS="+testKey)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addr := make(chan string, 1)
-	go func() {
-		re := regexp.MustCompile(`msg=listening addr=(http://\S+)`)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				addr <- m[1]
-			}
-		}
-	}()
-	select {
-	case a := <-addr:
-		return a, cmd
-	case <-time.After(20 * time.Second):
-		t.Fatal("binary did not start listening")
-		return "", nil
-	}
-}
-
 // TestCrashSafety kills the real binary with SIGKILL in the middle of a
 // stream of creates. After a restart every pet acknowledged with 201 must
 // be there, unchanged, the file must pass integrity_check, and retries of
 // the interrupted requests with their Idempotency-Key must not duplicate.
 func TestCrashSafety(t *testing.T) {
-	bin := buildBinary(t)
 	db := filepath.Join(t.TempDir(), "pets.db")
-	base, proc := startBinary(t, bin, db)
+	base, proc := startBinary(t, nil, []string{"-db", db}, nil)
 
 	type request struct{ body, key string }
 	var (
@@ -343,16 +308,11 @@ func TestCrashSafety(t *testing.T) {
 		}()
 	}
 	// Kill once a good number of creates were acknowledged, mid-stream.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitFor(t, patience, "300 creates to be acknowledged", func() bool {
 		mu.Lock()
-		n := len(acked)
-		mu.Unlock()
-		if n >= 300 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return len(acked) >= 300
+	})
 	if err := proc.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +322,7 @@ func TestCrashSafety(t *testing.T) {
 		t.Fatal("no create was acknowledged before the kill")
 	}
 
-	base, proc = startBinary(t, bin, db)
+	base, proc = startBinary(t, nil, []string{"-db", db}, nil)
 	found := 0
 	for id, want := range acked {
 		got := send(t, "GET", fmt.Sprintf("%s/v1/pets/%d", base, id), testKey, "")
@@ -567,13 +527,42 @@ func maxIDNow(mu *sync.Mutex, maxID *int64) int64 {
 	return *maxID
 }
 
+// versionLineRE matches what petstore -version prints: the module version, and
+// the VCS revision (or unknown), with its time and a dirty tree if the
+// build recorded them.
+var versionLineRE = regexp.MustCompile(`^petstore \S+ \(revision (?:[0-9a-f]+|unknown)(?:, \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)?(?:, modified)?\)\n$`)
+
 func TestVersion(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"petstore", "-version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`^petstore \S+ \(revision [0-9a-f]+|unknown(, \S+)?(, modified)?\)\n$`).MatchString(out.String()) {
+	if !versionLineRE.MatchString(out.String()) {
 		t.Errorf("-version printed %q", out.String())
+	}
+	// The pattern holds real version lines and refuses anything else.
+	for _, line := range []string{
+		"petstore (devel) (revision unknown)\n",
+		"petstore v1.2.3 (revision 3f2a9c0d1e, 2025-11-23T12:08:00Z)\n",
+		"petstore v0.0.0-20251123120800-3f2a9c0d1e2b (revision 3f2a9c0d1e2b, 2025-11-23T12:08:00Z, modified)\n",
+	} {
+		if !versionLineRE.MatchString(line) {
+			t.Errorf("a real version line is refused: %q", line)
+		}
+	}
+	for _, line := range []string{
+		"petstore v1 (revision abc123 and then garbage\n",
+		"garbage unknown)\n",
+		"unknown)\n",
+		"petstore v1 (revision xyz)\n",
+		"petstore v1 (revision abc, modified, 2025-11-23T12:08:00Z)\n",
+		"petstore v1 (revision abc)",
+		"petstore v1 (revision abc)\nmore\n",
+		"",
+	} {
+		if versionLineRE.MatchString(line) {
+			t.Errorf("garbage is taken for a version line: %q", line)
+		}
 	}
 }
 
@@ -593,10 +582,7 @@ func TestSystemdUnit(t *testing.T) {
 			t.Errorf("petstore.service lacks the line %q", want)
 		}
 	}
-	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Fatalf("systemd-analyze is needed to verify the unit (apt-get install systemd): %v", err)
-	}
+	analyze := needTool(t, "systemd-analyze", "apt-get install systemd")
 	// verify wants ExecStart's program to exist: point it at an executable.
 	self, err := os.Executable()
 	if err != nil {
@@ -626,49 +612,15 @@ func TestSystemdUnit(t *testing.T) {
 	}
 }
 
-// runBinary starts the built binary with args (after prefix, such as a
-// shell that lowers a limit first) on a free address, with stderr to
-// errOut, and waits until /healthz answers.
-func runBinary(t *testing.T, prefix []string, bin string, args []string, errOut io.Writer) (base string, cmd *exec.Cmd) {
-	t.Helper()
-	addr := freeAddr(t)
-	argv := append(append(slices.Clone(prefix), bin, "-addr", addr), args...)
-	cmd = exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "PETSTORE_API_KEYS="+testKey)
-	cmd.Stderr = errOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	base = "http://" + addr
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get(base + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return base, cmd
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("binary did not become healthy: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestStalledLogPipe gives the binary a stderr pipe that nobody reads:
 // requests go on being answered at normal speed; once the pipe is read
 // again the dropped lines are counted in the log; when the reader goes
 // away the process keeps running (no SIGPIPE) and stops cleanly.
 func TestStalledLogPipe(t *testing.T) {
-	bin := buildBinary(t)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, cmd := runBinary(t, nil, bin, []string{"-db", filepath.Join(t.TempDir(), "pets.db")}, w)
-	w.Close()
+	// The binary's stderr is a pipe that startBinary reads into this
+	// one, which nobody reads yet: the pipe fills, and stays full.
+	r, w := io.Pipe()
+	base, cmd := startBinary(t, nil, []string{"-db", filepath.Join(t.TempDir(), "pets.db")}, w)
 
 	client := &http.Client{Timeout: 2 * time.Second}
 	get := func() error {
@@ -741,9 +693,9 @@ func TestStalledLogPipe(t *testing.T) {
 // cap wait at the listener, and no request on an accepted connection
 // fails.
 func TestLowDescriptorLimit(t *testing.T) {
-	bin := buildBinary(t)
 	stderr := &syncBuffer{}
-	base, _ := runBinary(t, []string{"sh", "-c", `ulimit -n 128 && exec "$0" "$@"`}, bin,
+	sh := needTool(t, "sh", "apt-get install dash")
+	base, _ := startBinary(t, []string{sh, "-c", `ulimit -n 128 && exec "$0" "$@"`},
 		[]string{"-db", filepath.Join(t.TempDir(), "pets.db")}, stderr)
 	const clients, each = 150, 5
 	var failed, answered atomic.Int64
@@ -785,9 +737,8 @@ func TestLowDescriptorLimit(t *testing.T) {
 // create is answered before the timeout cuts its connection, and no pet
 // is stored that was not answered 201.
 func TestNoCommitBehindTheClientsBack(t *testing.T) {
-	bin := buildBinary(t)
 	db := filepath.Join(t.TempDir(), "pets.db")
-	base, _ := runBinary(t, nil, bin, []string{"-db", db, "-write-timeout", "2s"}, io.Discard)
+	base, _ := startBinary(t, nil, []string{"-db", db, "-write-timeout", "2s"}, nil)
 
 	other, err := sql.Open("sqlite3", db)
 	if err != nil {
@@ -857,9 +808,8 @@ func TestNoCommitBehindTheClientsBack(t *testing.T) {
 // hang; every small create is stored, also after all of that; the peak
 // resident memory stays within 64 MiB.
 func TestHostileBodies(t *testing.T) {
-	bin := buildBinary(t)
 	logs := &syncBuffer{}
-	base, cmd := runBinary(t, nil, bin, []string{"-db", filepath.Join(t.TempDir(), "pets.db")}, logs)
+	base, cmd := startBinary(t, nil, []string{"-db", filepath.Join(t.TempDir(), "pets.db")}, logs)
 	big := `{"name":"` + strings.Repeat("x", 1<<20-64) + `","categoryId":1}`
 	post := func(client *http.Client, body io.Reader) (status int, answer []byte) {
 		req, _ := http.NewRequest("POST", base+"/v1/pets", body)
@@ -882,7 +832,7 @@ func TestHostileBodies(t *testing.T) {
 	statuses := map[string]int{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: large}, Timeout: 5 * time.Minute}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: large}, Timeout: patience}
 	for i := range large {
 		wg.Add(1)
 		go func() {

@@ -488,7 +488,11 @@ func TestIdempotencyKey(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				replies[i] = do(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("same")})
+				r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("same")})
+				if err != nil {
+					t.Error(err)
+				}
+				replies[i] = r
 			}()
 		}
 		wg.Wait()
@@ -597,19 +601,23 @@ func TestReadYourWrites(t *testing.T) {
 			defer wg.Done()
 			for i := range 15 {
 				body := fmt.Sprintf(`{"name":"ryw %d-%d","categoryId":%d,"status":"sold"}`, w, i, w+1)
-				created := do(t, srv, call{method: "POST", path: "/v1/pets", body: body})
-				if created.status != 201 {
-					t.Errorf("create: %d %s", created.status, created.body)
+				created, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: body})
+				if err != nil || created.status != 201 {
+					t.Errorf("create: %v %d %s", err, created.status, created.body)
 					return
 				}
-				got := do(t, srv, call{method: "GET", path: created.header.Get("Location")})
-				if got.status != 200 || !bytes.Equal(got.body, created.body) {
-					t.Errorf("get after 201: %d %s, want %s", got.status, got.body, created.body)
+				got, err := tryDo(t, srv, call{method: "GET", path: created.header.Get("Location")})
+				if err != nil || got.status != 200 || !bytes.Equal(got.body, created.body) {
+					t.Errorf("get after 201: %v %d %s, want %s", err, got.status, got.body, created.body)
 				}
 				var p Pet
 				json.Unmarshal(created.body, &p)
 				for _, q := range []string{"", "&status=sold"} {
-					list := do(t, srv, call{method: "GET", path: fmt.Sprintf("/v1/pets?limit=1&after=%d%s", p.ID-1, q)})
+					list, err := tryDo(t, srv, call{method: "GET", path: fmt.Sprintf("/v1/pets?limit=1&after=%d%s", p.ID-1, q)})
+					if err != nil {
+						t.Error(err)
+						continue
+					}
 					if want := "[" + strings.TrimSpace(string(created.body)) + "]\n"; string(list.body) != want {
 						t.Errorf("list after 201: %s, want %s", list.body, want)
 					}

@@ -87,9 +87,8 @@ func readmeSession(t *testing.T, readme string) (env map[string]string, args []s
 }
 
 func TestREADMEExamples(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Fatalf("the README examples need curl: %v", err)
-	}
+	needTool(t, "curl", "apt-get install curl")
+	bash := needTool(t, "bash", "apt-get install bash")
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +106,7 @@ func TestREADMEExamples(t *testing.T) {
 			continue
 		}
 		cmd := strings.ReplaceAll(ex.cmd, "http://127.0.0.1:8080", base)
-		out, err := exec.Command("bash", "-c", "set -o pipefail; "+cmd).Output()
+		out, err := exec.Command(bash, "-c", "set -o pipefail; "+cmd).Output()
 		if err != nil {
 			t.Errorf("%s: %v", where, err)
 			continue
