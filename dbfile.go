@@ -106,4 +106,12 @@ func (d *dbFile) looksUnwritable() bool {
 	return st.Flags&stRdonly != 0 || free*uint64(st.Bsize) < minFreeBytes
 }
 
+// unreadable reports whether the file's first page cannot be read: the
+// storage itself fails (EIO), whatever SQLite made of it.
+func (d *dbFile) unreadable() bool {
+	var page [512]byte
+	_, err := d.f.ReadAt(page[:], 0)
+	return errors.Is(err, syscall.EIO)
+}
+
 func (d *dbFile) close() error { return d.f.Close() }

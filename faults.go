@@ -363,13 +363,14 @@ func (s *petStore) readFault(err error) *storageError {
 	return &storageError{kind: kind, err: err}
 }
 
-// classify is classifyFault in the light of the fault in force: pages
-// read back from failing storage can look corrupt, and while an I/O fault
-// is in force that is put down to it, not recorded as damage to the file.
+// classify is classifyFault in the light of the storage: pages read back
+// from failing storage can look corrupt, and while an I/O fault is in
+// force, or while the file cannot be read at all, that is put down to the
+// storage, not recorded as damage to the file.
 func (s *petStore) classify(err error) (faultKind, bool) {
 	kind, ok := classifyFault(err)
 	if kind == faultDamaged {
-		if f := s.storage.faults.current(); f != nil && f.kind == faultIO {
+		if f := s.storage.faults.current(); f != nil && f.kind == faultIO || s.file.unreadable() {
 			return faultIO, true
 		}
 	}

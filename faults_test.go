@@ -568,8 +568,12 @@ func TestForeignFiles(t *testing.T) {
 		}
 		s.close()
 		db, _ := sql.Open("sqlite3", path)
-		db.Exec("PRAGMA application_id = 0")
-		db.Exec("PRAGMA user_version = 3")
+		for _, q := range []string{"DROP TRIGGER pets_inserted", "DROP TRIGGER pets_updated", "DROP TRIGGER pets_deleted",
+			"DROP TABLE pets_changes", "PRAGMA application_id = 0", "PRAGMA user_version = 3"} {
+			if _, err := db.Exec(q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
 		db.Close()
 		s, err = openStore(path, storeOptions{})
 		if err != nil {

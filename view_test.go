@@ -1,16 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
+	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/mattn/go-sqlite3"
 )
 
 // pageJSON encodes what a read gives, as the handlers would.
@@ -132,4 +139,212 @@ func TestViewSeesExternalWrites(t *testing.T) {
 	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets?after=99"}), 200, nil,
 		`[{"id":100,"name":"Hand-made","categoryId":9,"status":"pending"},{"id":101,"name":"After","categoryId":1,"status":"available"}]`)
 	checkViewMatchesSQLite(t, s, 102)
+}
+
+// TestViewCatchesUpOutsideAppends: another tool writing its own table in
+// the file, often, as Litestream does, costs the view nothing, and a pet
+// inserted from outside is read in without a rebuild.
+func TestViewCatchesUpOutsideAppends(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	srv, s, logs := newLoggedServer(t, path, storeOptions{})
+	createPets(t, srv, `{"name":"A","categoryId":1}`, `{"name":"B","categoryId":2}`, `{"name":"C","categoryId":3}`)
+	waitFor(t, 30*time.Second, "the view did not load", func() bool { return s.view.published.Load() != nil })
+	other, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Exec("CREATE TABLE _tool_seq (id INTEGER PRIMARY KEY, seq INTEGER)"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if _, err := other.Exec("INSERT OR REPLACE INTO _tool_seq VALUES (1, ?)", i); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	if _, err := other.Exec("INSERT INTO pets (name, category_id, status) VALUES ('Outside', 4, 'sold')"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the outside insert was not served", func() bool {
+		return do(t, srv, call{method: "GET", path: "/v1/pets/4"}).status == 200
+	})
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"D","categoryId":5}`}), 201, nil,
+		`{"id":5,"name":"D","categoryId":5,"status":"available"}`)
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets?after=2"}), 200, nil,
+		`[{"id":3,"name":"C","categoryId":3,"status":"available"},{"id":4,"name":"Outside","categoryId":4,"status":"sold"},`+
+			`{"id":5,"name":"D","categoryId":5,"status":"available"}]`)
+	if n := countLines(logs, `msg="in-memory view loaded"`); n != 1 {
+		t.Errorf("the view was loaded %d times, want once:\n%s", n, logs)
+	}
+	if n := countLines(logs, `msg="in-memory view is rebuilt`); n != 0 {
+		t.Errorf("the view was rebuilt %d times, want never:\n%s", n, logs)
+	}
+	checkViewMatchesSQLite(t, s, 6)
+}
+
+// TestOutsideInsertDuringLoad inserts a pet from outside while a large
+// catalogue's view is still loading: it is served, and stays served once
+// the view is published (the load reads its change count in the same
+// snapshot as the rows, so a commit during the load is not passed over).
+func TestOutsideInsertDuringLoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	const n = 200000
+	preloadPets(t, path, n)
+	srv, s, logs := newLoggedServer(t, path, storeOptions{})
+	other, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Exec("INSERT INTO pets (name, category_id, status) VALUES ('Outside', 4, 'sold')"); err != nil {
+		t.Fatal(err)
+	}
+	loadedFirst := s.view.published.Load() != nil
+	waitFor(t, 60*time.Second, "the view did not load", func() bool { return countLines(logs, `msg="in-memory view loaded"`) == 1 })
+	waitFor(t, 30*time.Second, "the outside insert was not served", func() bool {
+		return do(t, srv, call{method: "GET", path: "/v1/pets/200001"}).status == 200
+	})
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets?after=199999"}), 200, nil,
+		`[{"id":200000,"name":"pet number 200000","categoryId":1,"status":"sold"},{"id":200001,"name":"Outside","categoryId":4,"status":"sold"}]`)
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":1}`}), 201, nil,
+		`{"id":200002,"name":"New","categoryId":1,"status":"available"}`)
+	t.Logf("the view had loaded before the outside insert: %v", loadedFirst)
+}
+
+// restoreUnder puts the database file src under the running service at
+// dst, page by page through SQLite's online backup API, as sqlite3's
+// .restore does.
+func restoreUnder(t *testing.T, src, dst string) {
+	t.Helper()
+	var conns []*sqlite3.SQLiteConn
+	drv := &sqlite3.SQLiteDriver{ConnectHook: func(c *sqlite3.SQLiteConn) error { conns = append(conns, c); return nil }}
+	for _, p := range []string{dst, src} {
+		c, err := drv.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	b, err := conns[0].Backup("main", conns[1], "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		done, err := b.Step(-1)
+		if err != nil && !errors.Is(err, sqlite3.ErrBusy) && !errors.Is(err, sqlite3.ErrLocked) {
+			t.Fatalf("restore: %v", err)
+		}
+		if done {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := b.Finish(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCatalogueWentBack restores an older copy of the file under the
+// running service while clients create: no id is acknowledged twice;
+// creates are refused with 503 acknowledged_pets_missing, with one ERROR
+// line naming the missing pets; /healthz says so; reads serve what the
+// file holds; and a restart accepts the file and issues ids above it.
+func TestCatalogueWentBack(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "pets.db")
+	srv, s, logs := newLoggedServer(t, path, storeOptions{})
+	for i := range 5 {
+		createPets(t, srv, fmt.Sprintf(`{"name":"Old %d","categoryId":1}`, i+1))
+	}
+	older := filepath.Join(dir, "older.db")
+	if _, err := backupDatabase(context.Background(), path, older); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		createPets(t, srv, fmt.Sprintf(`{"name":"New %d","categoryId":2}`, i+1))
+	}
+
+	// Clients keep creating through the restore; every 201 is recorded.
+	var mu sync.Mutex
+	acked := map[int64]string{} // id -> the name it was acknowledged for
+	twice := 0
+	refusedWentBack := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for c := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := fmt.Sprintf("Client %d pet %d", c, i)
+				r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":3}`})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch {
+				case r.status == 201:
+					var p Pet
+					json.Unmarshal(r.body, &p)
+					mu.Lock()
+					if prev, ok := acked[p.ID]; ok && prev != name {
+						twice++
+					}
+					acked[p.ID] = name
+					mu.Unlock()
+				case r.status == 503 && bytes.Contains(r.body, []byte(codeAcknowledgedPetsMissing)):
+					once.Do(func() { close(refusedWentBack) })
+				default:
+					t.Errorf("create: %d %s", r.status, r.body)
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	restoreUnder(t, older, path)
+	select {
+	case <-refusedWentBack:
+	case <-time.After(60 * time.Second):
+		t.Error("creates were not refused after the restore")
+	}
+	close(stop)
+	wg.Wait()
+	if twice != 0 {
+		t.Errorf("%d ids were acknowledged twice, to different pets", twice)
+	}
+	t.Logf("%d creates acknowledged to the clients around the restore, 0 ids twice", len(acked))
+
+	want := errBody(503, codeAcknowledgedPetsMissing, faultWentBack.message())
+	got := do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Late","categoryId":1}`})
+	checkReply(t, got, 503, map[string]string{"Retry-After": "60"}, want)
+	got = do(t, srv, call{method: "GET", path: "/healthz"})
+	checkReply(t, got, 503, map[string]string{"Retry-After": "60"}, want)
+	if n := countLines(logs, `level=ERROR msg="the database file went back`); n != 1 {
+		t.Errorf("%d ERROR lines for the restore, want 1:\n%s", n, logs)
+	}
+	missing := regexp.MustCompile(`missing_pets=(\d+) missing_ids=6-(\d+) file_top_id=5 `).FindStringSubmatch(logs.String())
+	if missing == nil {
+		t.Errorf("the ERROR line does not name the missing pets 6 and up:\n%s", logs)
+	} else if n, _ := strconv.Atoi(missing[1]); n != 3+len(acked) {
+		t.Errorf("missing_pets=%s, want %d (3 before the clients, %d acknowledged to them)", missing[1], 3+len(acked), len(acked))
+	}
+	// Reads serve what the file holds.
+	waitFor(t, 30*time.Second, "reads did not serve the restored file", func() bool {
+		r := do(t, srv, call{method: "GET", path: "/v1/pets?after=4"})
+		return strings.TrimSpace(string(r.body)) == `[{"id":5,"name":"Old 5","categoryId":1,"status":"available"}]`
+	})
+
+	// A restart accepts the file as it is, and issues ids above it.
+	srv.Close()
+	s.close()
+	srv2, _ := newTestServerAt(t, path)
+	checkReply(t, do(t, srv2, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}), 201, nil,
+		`{"id":6,"name":"After","categoryId":1,"status":"available"}`)
 }

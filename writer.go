@@ -262,7 +262,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		if kind == faultDamaged {
 			s.markDamaged(err.Error())
 		}
-		refuse(asStorageError(err))
+		refuse(&storageError{kind: kind, err: rootCause(err)})
 		return
 	}
 	if errors.Is(err, errIDNotNew) {
