@@ -30,7 +30,9 @@ import (
 // comma-separated list runs each size in turn and compares their p99),
 // PETSTORE_BENCH_SECONDS (default 5) the time per operation,
 // PETSTORE_BENCH_CONNS (default 64) the keep-alive clients, and
-// PETSTORE_BENCH_OPS (default all) picks operations by name prefix,
+// PETSTORE_BENCH_LITESTREAM=1 runs every operation again with Litestream
+// attached (a row "+ Litestream" each), PETSTORE_BENCH_OPS (default all)
+// picks operations by name prefix,
 // comma-separated: list, get, create; PETSTORE_BENCH_LOG_LEVEL (default
 // info, an access line per request) the service's -log-level.
 //
@@ -111,7 +113,7 @@ func loadAtSize(b *testing.B, pets, conns int, duration time.Duration) map[strin
 
 	// The service logs as it does by default (a line per request); only
 	// the head of the log is kept, to show if it fails to start.
-	stderr := &syncBuffer{limit: 64 << 10}
+	stderr := &syncBuffer{limit: 64 << 10, keepPast: `msg="in-memory view`}
 	env := map[string]string{"PETSTORE_API_KEYS": testKey}
 	level := cmpOr(os.Getenv("PETSTORE_BENCH_LOG_LEVEL"), "info")
 	addr := "127.0.0.1:0"
@@ -166,6 +168,25 @@ func loadAtSize(b *testing.B, pets, conns int, duration time.Duration) map[strin
 		if got.errors > 0 || fl.errors > 0 {
 			b.Errorf("%s: %d errors against the service, %d against the floor", op.name, got.errors, fl.errors)
 		}
+	}
+	// The deployed shape: the same operations again with Litestream
+	// attached (the shipped settings, a file replica), in the same run.
+	if os.Getenv("PETSTORE_BENCH_LITESTREAM") != "" {
+		startLitestream(b, litestreamBinary(b), db, filepath.Join(dir, "replica"))
+		for _, op := range loadOps(pets) {
+			if only != "" && !slices.ContainsFunc(strings.Split(only, ","), func(p string) bool { return strings.HasPrefix(op.name, p) }) {
+				continue
+			}
+			got, fl := driveAlternating(b, base, floor, op, conns, duration)
+			op.name += " + Litestream"
+			results[op.name] = got
+			fmt.Printf("%-32s %12.0f %10v %10v   %12.0f %10v %10v   %6.2f\n", op.name, got.rps, got.p50, got.p99, fl.rps, fl.p50, fl.p99, got.rps/fl.rps)
+			if got.errors > 0 {
+				b.Errorf("%s: %d errors against the service", op.name, got.errors)
+			}
+		}
+		fmt.Printf("in-memory view loads: %d (1 at start); rebuilds: %d\n",
+			countLines(stderr, `msg="in-memory view loaded"`), countLines(stderr, `msg="in-memory view is rebuilt`))
 	}
 	peak := rss()
 	fmt.Printf("peak RSS of the whole benchmark process (service, floor and load clients) during the load: %.1f MiB\n", float64(peak)/(1<<20))

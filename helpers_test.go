@@ -192,18 +192,25 @@ func createPets(t *testing.T, srv *httptest.Server, bodies ...string) {
 
 // syncBuffer is a bytes.Buffer safe for run's logger and the test to
 // share. With a limit above zero it keeps only the first limit bytes
-// written to it.
+// written to it, and after them only the lines that hold keepPast.
 type syncBuffer struct {
-	mu    sync.Mutex
-	b     bytes.Buffer
-	limit int
+	mu       sync.Mutex
+	b        bytes.Buffer
+	limit    int
+	keepPast string
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.limit > 0 {
-		s.b.Write(p[:min(len(p), max(0, s.limit-s.b.Len()))])
+		head := p[:min(len(p), max(0, s.limit-s.b.Len()))]
+		s.b.Write(head)
+		for _, line := range bytes.SplitAfter(p[len(head):], []byte("\n")) {
+			if s.keepPast != "" && bytes.Contains(line, []byte(s.keepPast)) {
+				s.b.Write(line)
+			}
+		}
 		return len(p), nil
 	}
 	return s.b.Write(p)

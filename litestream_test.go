@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -17,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // litestreamVersion is the Litestream the replica is tested with; .ci/run
@@ -25,7 +28,7 @@ import (
 const litestreamVersion = "v0.5.18"
 
 // litestreamBinary finds the pinned Litestream.
-func litestreamBinary(t *testing.T) string {
+func litestreamBinary(t testing.TB) string {
 	t.Helper()
 	return goTool(t, "litestream", "github.com/benbjohnson/litestream/cmd/litestream", litestreamVersion)
 }
@@ -50,17 +53,7 @@ func startReplicated(t *testing.T, ls string, d time.Duration, kill bool) *repli
 		acked: map[int64]Pet{}, ackedAt: map[int64]time.Time{}}
 	base, cmd := startBinary(t, nil, []string{"-db", r.db}, nil)
 	r.petstore = cmd
-	config := filepath.Join(dir, "litestream.yml")
-	// The settings of the shipped litestream.yml, with a file replica.
-	os.WriteFile(config, fmt.Appendf(nil, "dbs:\n  - path: %s\n    truncate-page-n: 0\n    replica:\n      type: file\n      path: %s\n      sync-interval: 1s\n", r.db, r.replica), 0o600)
-	logs := &syncBuffer{}
-	r.litestream = exec.Command(ls, "replicate", "-config", config)
-	r.litestream.Stderr, r.litestream.Stdout = logs, logs
-	if err := r.litestream.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.litestream.Process.Kill(); r.litestream.Wait() })
-	waitForLog(t, logs, `msg="snapshot complete"`, 1)
+	r.litestream = startLitestream(t, ls, r.db, r.replica)
 
 	var mu sync.Mutex
 	stop := make(chan struct{})
@@ -110,6 +103,141 @@ func startReplicated(t *testing.T, ls string, d time.Duration, kill bool) *repli
 		r.stoppedAt = time.Now()
 	}
 	return r
+}
+
+// startLitestream runs Litestream beside the service on db, with the
+// settings of the shipped litestream.yml and a file replica at replica,
+// and returns once its first snapshot is written.
+func startLitestream(t testing.TB, ls, db, replica string) *exec.Cmd {
+	t.Helper()
+	config := filepath.Join(t.TempDir(), "litestream.yml")
+	os.WriteFile(config, fmt.Appendf(nil, "dbs:\n  - path: %s\n    truncate-page-n: 0\n    replica:\n      type: file\n      path: %s\n      sync-interval: 1s\n", db, replica), 0o600)
+	logs := &syncBuffer{}
+	cmd := exec.Command(ls, "replicate", "-config", config)
+	cmd.Stderr, cmd.Stdout = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	waitForLog(t, logs, `msg="snapshot complete"`, 1)
+	return cmd
+}
+
+// TestLitestreamBesideALargeCatalogue runs the deployed shape: the binary
+// and Litestream on 200,000 pets, under creates, gets and lists at once.
+// Litestream's writes to its own tables in the file never rebuild the
+// view, every answer is a 2xx, and every acknowledged pet is served.
+func TestLitestreamBesideALargeCatalogue(t *testing.T) {
+	ls := litestreamBinary(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, "pets.db")
+	const preloaded = 200000
+	preloadPets(t, db, preloaded)
+	logs := &syncBuffer{}
+	base, _ := startBinary(t, nil, []string{"-db", db}, logs)
+	waitForLog(t, logs, `msg="in-memory view loaded"`, 1)
+	startLitestream(t, ls, db, filepath.Join(dir, "replica"))
+
+	var mu sync.Mutex
+	acked := map[int64]Pet{}
+	answers := map[string]int{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: patience}
+	ask := func(kind, method, path, body string) *http.Response {
+		var rd io.Reader
+		if body != "" {
+			rd = strings.NewReader(body)
+		}
+		req, _ := http.NewRequest(method, base+path, rd)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := client.Do(req)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			answers[kind+" error"]++
+			return nil
+		}
+		answers[fmt.Sprintf("%s %d", kind, resp.StatusCode/100*100)]++
+		return resp
+	}
+	worker := func(work func(i int)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				work(i)
+			}
+		}()
+	}
+	for c := range 2 {
+		worker(func(i int) {
+			resp := ask("create", "POST", "/v1/pets", fmt.Sprintf(`{"name":"Client %d pet %d","categoryId":%d}`, c, i, c+1))
+			if resp == nil {
+				return
+			}
+			var p Pet
+			if resp.StatusCode == 201 && json.NewDecoder(resp.Body).Decode(&p) == nil {
+				mu.Lock()
+				acked[p.ID] = p
+				mu.Unlock()
+			}
+			resp.Body.Close()
+		})
+	}
+	for g := range 4 {
+		worker(func(i int) {
+			if resp := ask("get", "GET", fmt.Sprintf("/v1/pets/%d", 1+(g*7919+i*104729)%preloaded), ""); resp != nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	for l := range 2 {
+		worker(func(i int) {
+			if resp := ask("list", "GET", fmt.Sprintf("/v1/pets?limit=100&after=%d", (l*50000+i*997)%preloaded), ""); resp != nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	// Long enough for Litestream to sync and checkpoint several times.
+	time.Sleep(10 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	for kind, n := range answers {
+		if !strings.HasSuffix(kind, " 200") {
+			t.Errorf("%d answers were %s", n, kind)
+		}
+	}
+	if n := countLines(logs, `msg="in-memory view is rebuilt`); n != 0 {
+		t.Errorf("the view was rebuilt %d times beside Litestream, want never", n)
+	}
+	if n := countLines(logs, `msg="in-memory view loaded"`); n != 1 {
+		t.Errorf("the view was loaded %d times, want once", n)
+	}
+	served := map[int64]Pet{}
+	for next := fmt.Sprintf("/v1/pets?limit=100&after=%d", preloaded); next != ""; {
+		got := send(t, "GET", base+next, testKey, "")
+		var pets []Pet
+		if got.status != 200 || json.Unmarshal(got.body, &pets) != nil {
+			t.Fatalf("GET %s: %d %s", next, got.status, got.body)
+		}
+		for _, p := range pets {
+			served[p.ID] = p
+		}
+		next = strings.TrimSuffix(strings.TrimPrefix(got.header.Get("Link"), "<"), `>; rel="next"`)
+	}
+	if diff := cmp.Diff(acked, served); diff != "" {
+		t.Errorf("acknowledged pets (-want) and pets served above the preloaded ones (+got):\n%s", diff)
+	}
+	t.Logf("10 s beside Litestream on %d pets: answers %v; %d creates acknowledged, all served", preloaded, answers, len(acked))
 }
 
 // restore restores the replica into a new file and returns its pets.
