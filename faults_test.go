@@ -479,6 +479,7 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 			var (
 				mu           sync.Mutex
 				replacedAt   time.Time // zero until the file is replaced
+				ackedBefore  int       // 201s to creates sent before it
 				ackedAfter   []int64   // 201s to creates sent after it
 				refusedAfter int
 				stop         = make(chan struct{})
@@ -502,10 +503,14 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 							t.Error(err)
 							return
 						}
+						mu.Lock()
 						if !after {
+							if r.status == 201 {
+								ackedBefore++
+							}
+							mu.Unlock()
 							continue
 						}
-						mu.Lock()
 						if r.status == 201 {
 							p, err := parsePet(r.body)
 							if err != nil {
@@ -520,14 +525,28 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 					}
 				}()
 			}
-			time.Sleep(200 * time.Millisecond)
+			// Stopped also if the test fails first, before the server is.
+			var stopOnce sync.Once
+			stopCreates := func() { stopOnce.Do(func() { close(stop); wg.Wait() }) }
+			t.Cleanup(stopCreates)
+			// Creates are flowing when the file is replaced, and go on until
+			// a good number sent after it have been answered.
+			answeredAfter := func() int {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(ackedAfter) + refusedAfter
+			}
+			waitFor(t, patience, "creates to be acknowledged", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return ackedBefore >= 20
+			})
 			mu.Lock()
 			want := tc.replace(t, path)
 			replacedAt = time.Now()
 			mu.Unlock()
-			time.Sleep(300 * time.Millisecond)
-			close(stop)
-			wg.Wait()
+			waitFor(t, patience, "20 creates sent after the replacement to be answered", func() bool { return answeredAfter() >= 20 })
+			stopCreates()
 
 			checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, replacedBody)
 			if n := countLines(logs, `level=ERROR msg="the database file was deleted or replaced under the running service: [^"]*restart the service[^"]*"`); n != 1 {
