@@ -425,7 +425,16 @@ func TestRefusedOriginIsLogged(t *testing.T) {
 	}
 	get("http://" + strings.TrimPrefix(base, "http://")) // the service's own origin
 	waitForLog(t, logs, `level=WARN msg="browser origin refused: it is not in -cors-origins[^"]*" origin=https://evil.example method=GET path=/v1/pets`, 1)
-	time.Sleep(100 * time.Millisecond)
+	// The log keeps the order of the requests: once a later request's
+	// access line is in, any refused-origin line of the ones above is too.
+	req, _ := http.NewRequest("GET", base+"/healthz", nil)
+	req.Header.Set("X-Request-Id", "after-the-origins")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	waitForLog(t, logs, `msg=request [^\n]*request_id=after-the-origins`, 1)
 	if n := strings.Count(logs.String(), "browser origin refused"); n != 1 {
 		t.Errorf("%d refused-origin lines, want 1 for three requests from one origin:\n%s", n, logs)
 	}
