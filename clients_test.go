@@ -279,8 +279,8 @@ func loadInBrowser(t *testing.T, chromium, url string, result <-chan []byte) []b
 	case err := <-exited:
 		exited <- err
 		t.Fatalf("chromium exited before the page reported: %v\n%s", err, out.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the page did not report within 60 s; chromium said:\n%s", out.String())
+	case <-time.After(patience):
+		t.Fatalf("the page did not report within %s; chromium said:\n%s", patience, out.String())
 	}
 	return nil
 }

@@ -250,7 +250,7 @@ func TestReadOnlyStorage(t *testing.T) {
 	// No create needed: the store tries a write every second while a
 	// fault is in force, so it recovers by itself.
 	start := time.Now()
-	waitFor(t, 5*time.Second, "health did not recover", func() bool {
+	waitFor(t, patience, "health to recover", func() bool {
 		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 200
 	})
 	t.Logf("read-only: 30 creates refused, %d fault lines, recovered %s after the file was writable again",
@@ -335,16 +335,109 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"}, lockedBody)
 	conn.ExecContext(context.Background(), "ROLLBACK")
 	conn.Close()
-	waitFor(t, 10*time.Second, "health did not recover", func() bool {
+	waitFor(t, patience, "health to recover", func() bool {
 		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 200
 	})
 	createPets(t, srv, newPetBody)
-	if n := countLines(logs, `msg="storage fault: [^"]*" fault="database locked: `); n != 1 {
-		t.Errorf("want 1 fault line:\n%s", logs)
+	checkFaultEpisodes(t, logs, "database locked", 4)
+}
+
+// checkFaultEpisodes holds the log of one storage fault, kind, that
+// refused n requests and then cleared: it was logged when it began, and
+// every fault begun was logged as ended, the last by a write that
+// succeeded. A health check can find the database not answering
+// meanwhile, which ends the fault ("changed to ...") and begins another:
+// the test takes both sequences, so neither is required.
+func checkFaultEpisodes(t testing.TB, logs *syncBuffer, kind string, n int) {
+	t.Helper()
+	line := regexp.MustCompile(`msg="storage fault(?:: [^"]*| (cleared))" fault="([^:"]+)[^"]*"(?: why="([^"]*)" refused=(\d+))?`)
+	open, refused := "", 0
+	var lines [][]string
+	for _, m := range line.FindAllStringSubmatch(logs.String(), -1) {
+		lines = append(lines, m)
+		cleared, fault := m[1] != "", m[2]
+		switch {
+		case fault != kind && fault != faultNotAnswering.message():
+			t.Errorf("a fault other than %q or not answering: %s", kind, m[0])
+		case !cleared && open != "":
+			t.Errorf("%q began while %q was in force, without an end: %s", fault, open, m[0])
+		case cleared && fault != open:
+			t.Errorf("%q cleared while %q was in force: %s", fault, open, m[0])
+		}
+		if cleared {
+			open = ""
+			if fault == kind {
+				r, _ := strconv.Atoi(m[4])
+				refused += r
+			}
+		} else {
+			open = fault
+		}
 	}
-	if n := countLines(logs, `msg="storage fault cleared" fault="database locked: [^"]*" why="a write succeeded" refused=4 `); n != 1 {
-		t.Errorf("want 1 cleared line with refused=4:\n%s", logs)
+	switch {
+	case len(lines) == 0 || lines[0][1] != "" || lines[0][2] != kind:
+		t.Errorf("the first fault line is not %q beginning:\n%s", kind, logs)
+	case open != "" || lines[len(lines)-1][3] != "a write succeeded":
+		t.Errorf("the last fault line is not a write clearing it:\n%s", logs)
+	case refused != n:
+		t.Errorf("the end lines of %q count %d refused requests, want %d:\n%s", kind, refused, n, logs)
 	}
+}
+
+// TestCheckFaultEpisodes holds checkFaultEpisodes to what it claims,
+// on the log lines of the real faultLog: both right sequences of a lock
+// fault pass, and a wrong count, a fault never cleared or another fault
+// fail.
+func TestCheckFaultEpisodes(t *testing.T) {
+	cause := errors.New("cause")
+	for _, tc := range []struct {
+		name string
+		log  func(f *faultLog)
+		ok   bool
+	}{
+		{"begun and cleared", func(f *faultLog) { f.failed(faultLocked, cause, 4); f.succeeded() }, true},
+		{"not answering meanwhile", func(f *faultLog) {
+			f.failed(faultLocked, cause, 4)
+			f.failed(faultNotAnswering, cause, 0)
+			f.succeeded()
+		}, true},
+		{"locked again after not answering", func(f *faultLog) {
+			f.failed(faultLocked, cause, 2)
+			f.failed(faultNotAnswering, cause, 0)
+			f.failed(faultLocked, cause, 2)
+			f.succeeded()
+		}, true},
+		{"3 refused", func(f *faultLog) { f.failed(faultLocked, cause, 3); f.succeeded() }, false},
+		{"never cleared", func(f *faultLog) { f.failed(faultLocked, cause, 4) }, false},
+		{"ends not answering", func(f *faultLog) { f.failed(faultLocked, cause, 4); f.failed(faultNotAnswering, cause, 0) }, false},
+		{"begins not answering", func(f *faultLog) {
+			f.failed(faultNotAnswering, cause, 0)
+			f.failed(faultLocked, cause, 4)
+			f.succeeded()
+		}, false},
+		{"another fault", func(f *faultLog) { f.failed(faultLocked, cause, 4); f.failed(faultDiskFull, cause, 0); f.succeeded() }, false},
+		{"nothing logged", func(f *faultLog) {}, false},
+	} {
+		logs := &syncBuffer{}
+		tc.log(&faultLog{log: newLogger(logs, "text", 0), path: "pets.db"})
+		r := &errorRecorder{TB: t}
+		checkFaultEpisodes(r, logs, "database locked", 4)
+		if (len(r.errors) == 0) != tc.ok {
+			t.Errorf("%s: checkFaultEpisodes reported %q on\n%s", tc.name, r.errors, logs)
+		}
+	}
+}
+
+// errorRecorder is a testing.TB whose Errorf records instead of failing.
+type errorRecorder struct {
+	testing.TB
+	errors []string
+}
+
+func (r *errorRecorder) Helper() {}
+
+func (r *errorRecorder) Errorf(format string, args ...any) {
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
 }
 
 // TestFileReplacedUnderTheService deletes, or replaces, the database file
@@ -385,6 +478,7 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 			var (
 				mu           sync.Mutex
 				replacedAt   time.Time // zero until the file is replaced
+				ackedBefore  int       // 201s to creates sent before it
 				ackedAfter   []int64   // 201s to creates sent after it
 				refusedAfter int
 				stop         = make(chan struct{})
@@ -408,10 +502,14 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 							t.Error(err)
 							return
 						}
+						mu.Lock()
 						if !after {
+							if r.status == 201 {
+								ackedBefore++
+							}
+							mu.Unlock()
 							continue
 						}
-						mu.Lock()
 						if r.status == 201 {
 							p, err := parsePet(r.body)
 							if err != nil {
@@ -426,14 +524,28 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 					}
 				}()
 			}
-			time.Sleep(200 * time.Millisecond)
+			// Stopped also if the test fails first, before the server is.
+			var stopOnce sync.Once
+			stopCreates := func() { stopOnce.Do(func() { close(stop); wg.Wait() }) }
+			t.Cleanup(stopCreates)
+			// Creates are flowing when the file is replaced, and go on until
+			// a good number sent after it have been answered.
+			answeredAfter := func() int {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(ackedAfter) + refusedAfter
+			}
+			waitFor(t, patience, "creates to be acknowledged", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return ackedBefore >= 20
+			})
 			mu.Lock()
 			want := tc.replace(t, path)
 			replacedAt = time.Now()
 			mu.Unlock()
-			time.Sleep(300 * time.Millisecond)
-			close(stop)
-			wg.Wait()
+			waitFor(t, patience, "20 creates sent after the replacement to be answered", func() bool { return answeredAfter() >= 20 })
+			stopCreates()
 
 			checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, replacedBody)
 			if n := countLines(logs, `level=ERROR msg="the database file was deleted or replaced under the running service: [^"]*restart the service[^"]*"`); n != 1 {
@@ -608,7 +720,7 @@ func TestDamagedFile(t *testing.T) {
 	f.Close()
 
 	srv, _, logs := newLoggedServer(t, path, storeOptions{})
-	waitFor(t, 10*time.Second, "health never reported the damage", func() bool {
+	waitFor(t, patience, "health to report the damage", func() bool {
 		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 503
 	})
 	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
@@ -629,8 +741,8 @@ func TestDamagedFile(t *testing.T) {
 
 // TestWALIsBounded holds a read transaction open from another connection
 // while creates stream in, so the WAL cannot be checkpointed and grows;
-// once the reader lets go, the WAL shrinks back under the limit within a
-// few seconds of continued creates.
+// once the reader lets go, the WAL shrinks back under the limit while
+// creates go on (how long that took is logged).
 func TestWALIsBounded(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	const limit = walLimit
@@ -675,11 +787,11 @@ func TestWALIsBounded(t *testing.T) {
 		}()
 	}
 	defer func() { cancel(); wg.Wait() }()
-	waitFor(t, 120*time.Second, "the WAL did not grow past the limit", func() bool { return walSize() > limit+limit/4 })
+	waitFor(t, 2*patience, "the WAL to grow past the limit", func() bool { return walSize() > limit+limit/4 })
 	grown := walSize()
 	conn.ExecContext(context.Background(), "COMMIT")
 	released := time.Now()
-	waitFor(t, 30*time.Second, "the WAL did not shrink under the limit", func() bool { return walSize() <= limit })
+	waitFor(t, patience, "the WAL to shrink under the limit", func() bool { return walSize() <= limit })
 	t.Logf("WAL: %d bytes while the reader held it (limit %d); %d bytes %s after it let go, creates going on",
 		grown, limit, walSize(), time.Since(released).Round(time.Millisecond))
 }
@@ -753,7 +865,7 @@ func TestFrozenStorage(t *testing.T) {
 		created <- r
 	}()
 	notAnswering := errBody(503, codeUnavailable, faultNotAnswering.message())
-	waitFor(t, 10*time.Second, "health never reported the stuck commit", func() bool {
+	waitFor(t, patience, "health to report the stuck commit", func() bool {
 		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 503
 	})
 	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"}, notAnswering)
@@ -763,8 +875,8 @@ func TestFrozenStorage(t *testing.T) {
 		if r.status != 201 {
 			t.Errorf("create across the freeze: %d %s", r.status, r.body)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the create was not answered after the thaw")
+	case <-time.After(patience):
+		t.Fatalf("the create was not answered within %s of the thaw", patience)
 	}
 	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
 }

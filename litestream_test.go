@@ -45,7 +45,7 @@ type replicaRun struct {
 }
 
 // startReplicated starts the binary and Litestream on a new database,
-// then creates pets from 8 clients for d.
+// then creates pets from 8 clients for d, and until one was acknowledged.
 func startReplicated(t *testing.T, ls string, d time.Duration, kill bool) *replicaRun {
 	t.Helper()
 	dir := t.TempDir()
@@ -58,11 +58,15 @@ func startReplicated(t *testing.T, ls string, d time.Duration, kill bool) *repli
 	var mu sync.Mutex
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	// Stopped also if the test fails first.
+	var stopOnce sync.Once
+	stopCreates := func() { stopOnce.Do(func() { close(stop); wg.Wait() }) }
+	t.Cleanup(stopCreates)
 	for c := range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			client := &http.Client{Timeout: 5 * time.Second}
+			client := &http.Client{Timeout: patience}
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
@@ -87,6 +91,11 @@ func startReplicated(t *testing.T, ls string, d time.Duration, kill bool) *repli
 		}()
 	}
 	time.Sleep(d)
+	waitFor(t, patience, "a create to be acknowledged", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(r.acked) > 0
+	})
 	if kill {
 		// The machine is lost: both processes at once, mid-stream.
 		r.petstore.Process.Signal(syscall.SIGKILL)
@@ -97,8 +106,7 @@ func startReplicated(t *testing.T, ls string, d time.Duration, kill bool) *repli
 		r.petstore.Wait()
 		r.litestream.Wait()
 	}
-	close(stop)
-	wg.Wait()
+	stopCreates()
 	if !kill {
 		r.stoppedAt = time.Now()
 	}
@@ -243,34 +251,45 @@ func TestLitestreamBesideALargeCatalogue(t *testing.T) {
 // restore restores the replica into a new file and returns its pets.
 func (r *replicaRun) restore(t *testing.T, ls string) (string, map[int64]Pet) {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "restored.db")
 	start := time.Now()
-	if b, err := exec.Command(ls, "restore", "-o", out, "file://"+r.replica).CombinedOutput(); err != nil {
-		t.Fatalf("litestream restore: %v\n%s", err, b)
-	}
-	restoreTook := time.Since(start)
-	db, err := sql.Open("sqlite3", "file:"+out+"?mode=ro")
+	out, pets, err := r.tryRestore(ls, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Logf("restored %d pets in %s", len(pets), time.Since(start).Round(time.Millisecond))
+	return out, pets
+}
+
+// tryRestore restores the replica into a new file in dir and returns its
+// pets, or what went wrong.
+func (r *replicaRun) tryRestore(ls, dir string) (string, map[int64]Pet, error) {
+	out := filepath.Join(dir, "restored.db")
+	if b, err := exec.Command(ls, "restore", "-o", out, "file://"+r.replica).CombinedOutput(); err != nil {
+		return "", nil, fmt.Errorf("litestream restore: %v\n%s", err, b)
+	}
+	db, err := sql.Open("sqlite3", "file:"+out+"?mode=ro")
+	if err != nil {
+		return "", nil, err
 	}
 	defer db.Close()
 	var check string
 	if err := db.QueryRow("PRAGMA integrity_check").Scan(&check); err != nil || check != "ok" {
-		t.Fatalf("integrity_check of the restored copy: %q %v", check, err)
+		return "", nil, fmt.Errorf("integrity_check of the restored copy: %q %v", check, err)
 	}
 	rows, err := db.Query("SELECT id, name, category_id, status FROM pets")
 	if err != nil {
-		t.Fatal(err)
+		return "", nil, err
 	}
 	defer rows.Close()
 	pets := map[int64]Pet{}
 	for rows.Next() {
 		var p Pet
-		rows.Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status)
+		if err := rows.Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status); err != nil {
+			return "", nil, err
+		}
 		pets[p.ID] = p
 	}
-	t.Logf("restored %d pets in %s", len(pets), restoreTook.Round(time.Millisecond))
-	return out, pets
+	return out, pets, rows.Err()
 }
 
 // TestLitestreamReplica drives the built binary under concurrent creates
@@ -289,7 +308,22 @@ func TestLitestreamReplica(t *testing.T) {
 		if err := r.petstore.Wait(); err != nil {
 			t.Fatalf("petstore after SIGTERM: %v", err)
 		}
-		time.Sleep(2 * time.Second) // a sync interval and then some
+		// Litestream syncs every second: wait until the replica has
+		// caught up with the stopped service, then stop Litestream too.
+		stopped := time.Now()
+		waitFor(t, patience, "the replica to hold every acknowledged pet", func() bool {
+			_, pets, err := r.tryRestore(ls, t.TempDir())
+			if err != nil {
+				return false
+			}
+			for id := range r.acked {
+				if _, ok := pets[id]; !ok {
+					return false
+				}
+			}
+			return true
+		})
+		t.Logf("the replica caught up %s after the service stopped", time.Since(stopped).Round(time.Millisecond))
 		r.litestream.Process.Signal(syscall.SIGTERM)
 		r.litestream.Wait()
 		restored, pets := r.restore(t, ls)

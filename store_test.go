@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -170,7 +169,15 @@ func TestBackupWhileWriting(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(200 * time.Millisecond)
+	// Stopped also if the test fails first, before the store is closed.
+	var stopOnce sync.Once
+	stopWriters := func() { stopOnce.Do(func() { close(stop); wg.Wait() }) }
+	t.Cleanup(stopWriters)
+	waitFor(t, patience, "the writers to store 20 pets", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked) >= 20
+	})
 	mu.Lock()
 	before := len(acked)
 	mu.Unlock()
@@ -180,8 +187,7 @@ func TestBackupWhileWriting(t *testing.T) {
 	err := run(context.Background(), []string{"petstore", "backup", "-db", dbPath, backup}, func(string) string { return "" }, &out, io.Discard)
 	// Once the writers have stopped, every committed row has been
 	// recorded as acknowledged: a row the snapshot holds is among them.
-	close(stop)
-	wg.Wait()
+	stopWriters()
 	after := len(acked)
 	if err != nil {
 		t.Fatalf("backup: %v", err)

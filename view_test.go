@@ -72,7 +72,7 @@ func TestViewMatchesSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the view did not load", func() bool { return s.view.published.Load() != nil })
+	waitFor(t, patience, "the view to load", func() bool { return s.view.published.Load() != nil })
 	names := []string{"Rex", "Ünïcödé 猫", `quote " and \ backslash`, "<b>&amp;</b>", "line\u2028sep", strings.Repeat("長", 100), " spaced "}
 	rng := mathrand.New(mathrand.NewPCG(1, 2))
 	const n = 600
@@ -90,14 +90,15 @@ func TestViewMatchesSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.close()
-	waitFor(t, 5*time.Second, "the view did not load at the restart", func() bool { return s.view.published.Load() != nil })
+	waitFor(t, patience, "the view to load at the restart", func() bool { return s.view.published.Load() != nil })
 	checkViewMatchesSQLite(t, s, n)
 }
 
 // TestViewSeesExternalWrites edits the file from another connection, as
 // an operator's sqlite3 shell would: inserts, an update and deletes
-// (leaving ids no longer dense). The API answers the new state within
-// the documented interval, exactly.
+// (leaving ids no longer dense). The API comes to answer the new state,
+// exactly; how long that took is logged (the service checks every
+// 250 ms, which a loaded machine may stretch).
 func TestViewSeesExternalWrites(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	srv, s := newTestServerAt(t, path)
@@ -123,7 +124,7 @@ func TestViewSeesExternalWrites(t *testing.T) {
 		`{"id":5,"name":"Renamed","categoryId":5,"status":"sold"},{"id":6,"name":"Pet 6","categoryId":6,"status":"available"},` +
 		`{"id":8,"name":"Pet 8","categoryId":8,"status":"available"},{"id":9,"name":"Pet 9","categoryId":9,"status":"available"},` +
 		`{"id":10,"name":"Pet 10","categoryId":10,"status":"available"},{"id":100,"name":"Hand-made","categoryId":9,"status":"pending"}]`
-	waitFor(t, 2*time.Second, "the API did not show the edit", func() bool {
+	waitFor(t, patience, "the API to show the edit", func() bool {
 		r := do(t, srv, call{method: "GET", path: "/v1/pets"})
 		return strings.TrimSpace(string(r.body)) == want
 	})
