@@ -296,9 +296,12 @@ func (s *petStore) ping(ctx context.Context) error {
 	}
 	done := make(chan error, 1)
 	go func() {
-		defer s.storage.pinging.Store(false)
 		var one int
-		done <- s.readers.QueryRowContext(context.Background(), "SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
+		err := s.readers.QueryRowContext(context.Background(), "SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
+		// Cleared before the answer goes out: a check that follows at once
+		// must not find this one still running.
+		s.storage.pinging.Store(false)
+		done <- err
 	}()
 	select {
 	case err := <-done:
