@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -140,103 +137,6 @@ func TestMigrateFromVersion1(t *testing.T) {
 	}
 }
 
-func TestBackupWhileWriting(t *testing.T) {
-	dbPath := filepath.Join(t.TempDir(), "pets.db")
-	srv, store := newTestServerAt(t, dbPath)
-	// Writers keep creating pets while the backup runs.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	acked := map[int64]Pet{}
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				p, _, err := store.createPet(context.Background(), createRequest{pet: NewPet{Name: fmt.Sprintf("w%d-%d", w, i), CategoryID: int64(w + 1), Status: "pending"}})
-				if err != nil {
-					t.Errorf("create: %v", err)
-					return
-				}
-				mu.Lock()
-				acked[p.ID] = p
-				mu.Unlock()
-			}
-		}()
-	}
-	// Stopped also if the test fails first, before the store is closed.
-	var stopOnce sync.Once
-	stopWriters := func() { stopOnce.Do(func() { close(stop); wg.Wait() }) }
-	t.Cleanup(stopWriters)
-	waitFor(t, patience, "the writers to store 20 pets", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(acked) >= 20
-	})
-	mu.Lock()
-	before := len(acked)
-	mu.Unlock()
-
-	backup := filepath.Join(t.TempDir(), "backup.db")
-	var out bytes.Buffer
-	err := run(context.Background(), []string{"petstore", "backup", "-db", dbPath, backup}, func(string) string { return "" }, &out, io.Discard)
-	// Once the writers have stopped, every committed row has been
-	// recorded as acknowledged: a row the snapshot holds is among them.
-	stopWriters()
-	after := len(acked)
-	if err != nil {
-		t.Fatalf("backup: %v", err)
-	}
-	if fi, err := os.Stat(backup); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("backup file: %v, mode %v; want 0600", err, fi.Mode().Perm())
-	}
-
-	// The copy is a consistent snapshot: at least what was acknowledged
-	// before it began, every row identical to the live one.
-	copyStore, err := openStore(backup, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer copyStore.close()
-	got, err := storedPets(copyStore)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) < before || len(got) > after {
-		t.Errorf("backup holds %d pets; %d were acknowledged before it began, %d in all", len(got), before, after)
-	}
-	for i, p := range got {
-		if p != acked[p.ID] {
-			t.Errorf("backup pet %+v differs from the acknowledged %+v", p, acked[p.ID])
-		}
-		if p.ID != int64(i+1) {
-			t.Fatalf("backup has a gap: pet %d at position %d", p.ID, i+1)
-		}
-	}
-	if want := fmt.Sprintf("backed up %s to %s: %d pets, integrity ok\n", dbPath, backup, len(got)); out.String() != want {
-		t.Errorf("backup said %q, want %q", out.String(), want)
-	}
-	t.Logf("backup of a live database: %d pets acknowledged before it began, %d in all, %d in the copy", before, after, len(got))
-
-	// The live service is unaffected.
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
-
-	// A backup never overwrites.
-	err = run(context.Background(), []string{"petstore", "backup", "-db", dbPath, backup}, func(string) string { return "" }, io.Discard, io.Discard)
-	if want := "backup: backup file " + backup + " already exists; a backup never overwrites a file"; err == nil || err.Error() != want {
-		t.Errorf("second backup: %v, want %q", err, want)
-	}
-	err = run(context.Background(), []string{"petstore", "backup", "-db", filepath.Join(t.TempDir(), "missing.db"), filepath.Join(t.TempDir(), "b.db")}, func(string) string { return "" }, io.Discard, io.Discard)
-	if err == nil || !strings.HasPrefix(err.Error(), "backup: database to back up: stat ") {
-		t.Errorf("backup of a missing file: %v", err)
-	}
-}
-
 // storedPet reads one pet straight from the store.
 func storedPet(s *petStore, id int64) (Pet, error) {
 	var p Pet
@@ -254,4 +154,76 @@ func storedPets(s *petStore) ([]Pet, error) {
 // petOf copies a row into a Pet that outlives the callback.
 func petOf(r *petRow) Pet {
 	return Pet{ID: r.id, Name: string(r.name), CategoryID: r.categoryID, Status: string(r.status)}
+}
+
+// TestForeignFiles: the service marks its files and refuses, unchanged, a
+// SQLite file of another application or one holding tables it did not
+// make; an unmarked file of an earlier petstore is marked.
+func TestForeignFiles(t *testing.T) {
+	makeFile := func(t *testing.T, sqls ...string) string {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "x.db")
+		db, err := sql.Open("sqlite3", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		for _, q := range sqls {
+			if _, err := db.Exec(q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return path
+	}
+	for _, tc := range []struct {
+		name, wantErr string
+		sqls          []string
+	}{
+		{"another application", "not a petstore database: it belongs to another application (SQLite application_id 0x2a); use another -db file",
+			[]string{"PRAGMA application_id = 42", "CREATE TABLE t (x)"}},
+		{"tables not its own", "not a petstore database: it holds tables petstore did not make (customers, orders); use another -db file",
+			[]string{"CREATE TABLE orders (x)", "CREATE TABLE customers (x)"}},
+		{"another table beside pets", "not a petstore database: it holds tables petstore did not make (notes); use another -db file",
+			[]string{"CREATE TABLE pets (x)", "CREATE TABLE notes (x)", "PRAGMA user_version = 2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := makeFile(t, tc.sqls...)
+			before, _ := os.ReadFile(path)
+			_, err := openStore(path, storeOptions{})
+			if want := "open database " + path + ": " + tc.wantErr; err == nil || err.Error() != want {
+				t.Errorf("openStore: %v, want %q", err, want)
+			}
+			if after, _ := os.ReadFile(path); string(after) != string(before) {
+				t.Error("the refused file was changed")
+			}
+		})
+	}
+
+	t.Run("unmarked file of an earlier petstore", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "p.db")
+		s, err := openStore(path, storeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.close()
+		db, _ := sql.Open("sqlite3", path)
+		for _, q := range []string{"DROP TRIGGER pets_inserted", "DROP TRIGGER pets_updated", "DROP TRIGGER pets_deleted",
+			"DROP TABLE pets_changes", "PRAGMA application_id = 0", "PRAGMA user_version = 3"} {
+			if _, err := db.Exec(q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		db.Close()
+		s, err = openStore(path, storeOptions{})
+		if err != nil {
+			t.Fatalf("an earlier petstore's file: %v", err)
+		}
+		var id, version int64
+		s.readers.QueryRow("PRAGMA application_id").Scan(&id)
+		s.readers.QueryRow("PRAGMA user_version").Scan(&version)
+		s.close()
+		if id != petstoreApplicationID || version != int64(len(migrations)) {
+			t.Errorf("application_id %#x, user_version %d; want %#x, %d", id, version, petstoreApplicationID, len(migrations))
+		}
+	})
 }

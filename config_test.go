@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestParseRateLimit holds the flag's forms and messages.
+func TestParseRateLimit(t *testing.T) {
+	for _, tc := range []struct {
+		rate, burst string
+		want        rateLimit
+		err         string
+	}{
+		{"", "", rateLimit{}, ""},
+		{"50/s", "", rateLimit{perSecond: 50, burst: 50, window: 1}, ""},
+		{"50/s", "200", rateLimit{perSecond: 50, burst: 200, window: 4}, ""},
+		{"3000/m", "", rateLimit{perSecond: 50, burst: 3000, window: 60}, ""},
+		{"3600/h", "10", rateLimit{perSecond: 1, burst: 10, window: 10}, ""},
+		{"50", "", rateLimit{}, `-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got "50"`},
+		{"0/s", "", rateLimit{}, `-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got "0/s"`},
+		{"5/d", "", rateLimit{}, `-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got "5/d"`},
+		{"5/s", "0", rateLimit{}, `-rate-burst (PETSTORE_RATE_BURST) must be a positive integer, got "0"`},
+		{"", "5", rateLimit{}, `-rate-burst (PETSTORE_RATE_BURST) needs -rate-limit (PETSTORE_RATE_LIMIT)`},
+	} {
+		got, err := parseRateLimit(tc.rate, tc.burst)
+		if tc.err != "" {
+			if err == nil || err.Error() != tc.err {
+				t.Errorf("parseRateLimit(%q, %q) = %v, want error %q", tc.rate, tc.burst, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("parseRateLimit(%q, %q) = %+v, %v; want %+v", tc.rate, tc.burst, got, err, tc.want)
+		}
+	}
+}
+
+// TestCommandLines: every command answers -h on stdout and exits 0, usage
+// names the program petstore, and backup takes its flags in either order.
+func TestCommandLines(t *testing.T) {
+	env := func(string) string { return "" }
+	for _, args := range [][]string{{"-h"}, {"backup", "-h"}, {"keygen", "-h"}} {
+		var out bytes.Buffer
+		err := run(context.Background(), append([]string{"/root/.cache/go-build/x/exe/petstore"}, args...), env, &out, io.Discard)
+		if err != nil || !strings.HasPrefix(out.String(), "Usage: petstore") {
+			t.Errorf("%v: %v, printed %q", args, err, out.String())
+		}
+	}
+	db := filepath.Join(t.TempDir(), "pets.db")
+	preloadPets(t, db, 3)
+	dst := filepath.Join(t.TempDir(), "b.db")
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"petstore", "backup", dst, "-db", db}, env, &out, io.Discard); err != nil {
+		t.Fatalf("backup FILE -db X: %v", err)
+	}
+	if want := fmt.Sprintf("backed up %s to %s: 3 pets, integrity ok\n", db, dst); out.String() != want {
+		t.Errorf("backup FILE -db X said %q, want %q", out.String(), want)
+	}
+	err := run(context.Background(), []string{"petstore", "backup", "a.db", "-db", db, "b.db"}, env, io.Discard, io.Discard)
+	if want := "backup: name one backup file, or -dir (got 2 names): petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"; err == nil || err.Error() != want {
+		t.Errorf("backup with two files: %v, want %q", err, want)
+	}
+	err = run(context.Background(), []string{"petstore", "keygen", "extra"}, env, io.Discard, io.Discard)
+	if want := `keygen takes no arguments, got "extra" (petstore keygen -h)`; err == nil || err.Error() != want {
+		t.Errorf("keygen extra: %v, want %q", err, want)
+	}
+}

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestOneServicePerFile: a second service on the same file refuses to
+// start with one line naming the file, in the same process or another;
+// petstore backup still works beside the running service.
+func TestOneServicePerFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	_, first := newTestServerAt(t, path)
+	want := "database " + path + " is in use by another petstore process; run one service per database file"
+	if _, err := openStore(path, storeOptions{}); err == nil || err.Error() != want {
+		t.Errorf("second store in the same process: %v, want %q", err, want)
+	}
+	first.close()
+
+	bin := petstoreBinary(t)
+	db := filepath.Join(t.TempDir(), "pets.db")
+	base, _ := startBinary(t, nil, []string{"-db", db}, nil)
+	if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	second := exec.Command(bin, "-addr", "127.0.0.1:0", "-db", db)
+	second.Env = append(os.Environ(), "PETSTORE_API_KEYS="+testKey)
+	out, err := second.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("second service: %v, want exit status 1; output %q", err, out)
+	}
+	if want := "petstore: database " + db + " is in use by another petstore process; run one service per database file\n"; string(out) != want {
+		t.Errorf("second service said %q, want %q", out, want)
+	}
+	backup := filepath.Join(t.TempDir(), "b.db")
+	if out, err := exec.Command(bin, "backup", "-db", db, backup).CombinedOutput(); err != nil {
+		t.Fatalf("backup beside the service: %v: %s", err, out)
+	}
+	// The service still holds its lock and serves after the backup.
+	if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
+		t.Errorf("create after the backup: %d %s", r.status, r.body)
+	}
+	again := exec.Command(bin, "-addr", "127.0.0.1:0", "-db", db)
+	again.Env = second.Env
+	if out, err := again.CombinedOutput(); err == nil || !strings.Contains(string(out), "is in use by another petstore process") {
+		t.Errorf("a second service after a backup: %v %q", err, out)
+	}
+}
+
+// TestFileReplacedUnderTheService deletes, or replaces, the database file
+// while clients create pets. No create sent after that is acknowledged, so
+// none is lost at the restart; /healthz says so and one error line tells
+// the operator what to do. A replacing file is not corrupted by the old
+// WAL.
+func TestFileReplacedUnderTheService(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		replace func(t *testing.T, path string) (want []Pet)
+	}{
+		{"rm", func(t *testing.T, path string) []Pet {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}},
+		{"mv another petstore file over it", func(t *testing.T, path string) []Pet {
+			other := filepath.Join(t.TempDir(), "other.db")
+			osrv, ostore := newTestServerAt(t, other)
+			createPets(t, osrv, `{"name":"Other","categoryId":7}`, `{"name":"Other2","categoryId":7}`)
+			want, err := storedPets(ostore)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ostore.close()
+			if err := os.Rename(other, path); err != nil {
+				t.Fatal(err)
+			}
+			return want
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "pets.db")
+			srv, store, logs := newLoggedServer(t, path, storeOptions{})
+
+			var (
+				mu           sync.Mutex
+				replacedAt   time.Time // zero until the file is replaced
+				ackedBefore  int       // 201s to creates sent before it
+				ackedAfter   []int64   // 201s to creates sent after it
+				refusedAfter int
+				stop         = make(chan struct{})
+				wg           sync.WaitGroup
+			)
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						mu.Lock()
+						after := !replacedAt.IsZero()
+						mu.Unlock()
+						r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						mu.Lock()
+						if !after {
+							if r.status == 201 {
+								ackedBefore++
+							}
+							mu.Unlock()
+							continue
+						}
+						if r.status == 201 {
+							p, err := parsePet(r.body)
+							if err != nil {
+								t.Error(err)
+							}
+							ackedAfter = append(ackedAfter, p.ID)
+						} else {
+							refusedAfter++
+							checkReply(t, r, 503, map[string]string{"Retry-After": "60"}, replacedBody)
+						}
+						mu.Unlock()
+					}
+				}()
+			}
+			// Stopped also if the test fails first, before the server is.
+			var stopOnce sync.Once
+			stopCreates := func() { stopOnce.Do(func() { close(stop); wg.Wait() }) }
+			t.Cleanup(stopCreates)
+			// Creates are flowing when the file is replaced, and go on until
+			// a good number sent after it have been answered.
+			answeredAfter := func() int {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(ackedAfter) + refusedAfter
+			}
+			waitFor(t, patience, "creates to be acknowledged", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return ackedBefore >= 20
+			})
+			mu.Lock()
+			want := tc.replace(t, path)
+			replacedAt = time.Now()
+			mu.Unlock()
+			waitFor(t, patience, "20 creates sent after the replacement to be answered", func() bool { return answeredAfter() >= 20 })
+			stopCreates()
+
+			checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, replacedBody)
+			if n := countLines(logs, `level=ERROR msg="the database file was deleted or replaced under the running service: [^"]*restart the service[^"]*"`); n != 1 {
+				t.Errorf("want one error line, got %d:\n%s", n, logs)
+			}
+			srv.Close()
+			store.close()
+
+			// The restart.
+			restarted, err := openStore(path, storeOptions{})
+			if err != nil {
+				t.Fatalf("restart: %v", err)
+			}
+			defer restarted.close()
+			got, err := storedPets(restarted)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lost := 0
+			for _, id := range ackedAfter {
+				if _, err := storedPet(restarted, id); err != nil {
+					lost++
+				}
+			}
+			t.Logf("%s: %d creates sent after the file was replaced: %d refused with 503, %d acknowledged, %d of those lost at the restart",
+				tc.name, refusedAfter+len(ackedAfter), refusedAfter, len(ackedAfter), lost)
+			if len(ackedAfter) != 0 || refusedAfter == 0 {
+				t.Errorf("creates sent after the replacement: %d acknowledged (want 0), %d refused", len(ackedAfter), refusedAfter)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("the file now at the path holds %v, want %v", got, want)
+			}
+			var check string
+			if err := restarted.readers.QueryRow("PRAGMA integrity_check").Scan(&check); err != nil || check != "ok" {
+				t.Errorf("integrity_check of the file at the path: %q %v", check, err)
+			}
+		})
+	}
+}

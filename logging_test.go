@@ -1,0 +1,114 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestLogLevelAndFormat(t *testing.T) {
+	for _, tt := range []struct {
+		args       []string
+		wantAccess string // a substring of the access line, or "" for none
+	}{
+		{nil, `level=INFO msg=request method=GET path=/healthz status=200 bytes=16 duration=`},
+		{[]string{"-log-level", "warn", "-addr", freeAddr(t)}, ""},
+		{[]string{"-log-format", "json", "-log-level", "DEBUG"}, `"msg":"request","method":"GET","path":"/healthz","status":200,"bytes":16,"duration":`},
+	} {
+		env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")}
+		base, stderr, stop := startRun(t, append([]string{"-addr", "127.0.0.1:0"}, tt.args...), env)
+		send(t, "GET", base+"/healthz", "", "")
+		stop()
+		if got := strings.Contains(stderr.String(), `msg=request`) || strings.Contains(stderr.String(), `"msg":"request"`); got != (tt.wantAccess != "") || !strings.Contains(stderr.String(), tt.wantAccess) {
+			t.Errorf("%v: log\n%s\nwant access line %q", tt.args, stderr.String(), tt.wantAccess)
+		}
+	}
+}
+
+// TestStalledLogPipe gives the binary a stderr pipe that nobody reads:
+// requests go on being answered at normal speed; once the pipe is read
+// again the dropped lines are counted in the log; when the reader goes
+// away the process keeps running (no SIGPIPE) and stops cleanly.
+func TestStalledLogPipe(t *testing.T) {
+	// The binary's stderr is a pipe that startBinary reads into this
+	// one, which nobody reads yet: the pipe fills, and stays full.
+	r, w := io.Pipe()
+	base, cmd := startBinary(t, nil, []string{"-db", filepath.Join(t.TempDir(), "pets.db")}, w)
+
+	// A request held up by the log would hang: the timeout only has to
+	// tell a hang from a slow machine.
+	client := &http.Client{Timeout: patience}
+	get := func() error {
+		req, _ := http.NewRequest("GET", base+"/v1/pets?limit=1", nil)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	}
+	// Enough requests to overflow both the pipe (64 KiB) and the log's
+	// own queue (4 MiB, about 25,000 lines), so lines are dropped.
+	const clients, each = 8, 5000
+	var answered, failed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if err := get(); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				} else {
+					answered.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("log pipe stalled: %d of %d requests answered (%d failed) in %s",
+		answered.Load(), clients*each, failed.Load(), time.Since(start).Round(time.Millisecond))
+	if failed.Load() != 0 {
+		t.Fatalf("%d requests failed with the log pipe stalled; the first: %v", failed.Load(), firstErr.Load())
+	}
+
+	// Read the pipe again: the count of lost lines is logged.
+	logs := &syncBuffer{}
+	copied := make(chan struct{})
+	go func() { io.Copy(logs, r); close(copied) }()
+	for range 5 {
+		get()
+	}
+	waitForLog(t, logs, `level=WARN msg="log lines were dropped: the log output did not take them" lines=[1-9][0-9]*`, 1)
+	t.Logf("after the stall: %s", regexp.MustCompile(`msg="log lines were dropped[^\n]*`).FindString(logs.String()))
+
+	// The reader goes away: writes to stderr fail with EPIPE, and the
+	// process goes on serving.
+	r.Close()
+	<-copied
+	for i := range 200 {
+		if err := get(); err != nil {
+			t.Fatalf("request %d after the log reader went away: %v", i, err)
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("exit after SIGTERM with no log reader: %v, want status 0", err)
+	}
+}

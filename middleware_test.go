@@ -1,0 +1,326 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestPanicIsJSON500(t *testing.T) {
+	var logged bytes.Buffer
+	log := newLogger(&logged, "text", slog.LevelInfo)
+	h := secureHeaders(logRequests(log, recoverPanics(log, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic("boom: secret detail")
+	}))))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	got := do(t, srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"X-Request-Id": "req-7"}})
+	checkReply(t, got, 500, map[string]string{"X-Request-Id": "req-7"}, errBody(500, codeInternalError, "internal error (request id req-7)"))
+	for _, want := range []string{`msg="panic in handler" method=GET path=/v1/pets panic="boom: secret detail" request_id=req-7`,
+		`msg=request method=GET path=/v1/pets status=500 `} {
+		if !strings.Contains(logged.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logged.String())
+		}
+	}
+}
+
+func TestAccessLog(t *testing.T) {
+	env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")}
+	base, stderr, stop := startRun(t, []string{"-addr", "127.0.0.1:0", "-log-format", "json"}, env)
+
+	req, _ := http.NewRequest("GET", base+"/v1/pets?limit=5&status=sold", nil)
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	req.Header.Set("X-Request-Id", "back-office-42")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Request-Id"); got != "back-office-42" {
+		t.Errorf("X-Request-Id = %q, want the client's back-office-42", got)
+	}
+	// An id with unsafe characters or too long is replaced.
+	generated := map[string]bool{}
+	for _, bad := range []string{"two words", strings.Repeat("x", 129), "quote\"d"} {
+		req, _ := http.NewRequest("GET", base+"/v1/pets", nil)
+		req.Header.Set("Authorization", "Bearer wrong-key")
+		req.Header.Set("X-Request-Id", bad)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		id := resp.Header.Get("X-Request-Id")
+		if !regexp.MustCompile(`^[0-9a-f]{16}$`).MatchString(id) || generated[id] {
+			t.Errorf("X-Request-Id for %q = %q, want a new generated id", bad, id)
+		}
+		generated[id] = true
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	type accessLine struct {
+		Level, Msg, Method, Path, RequestID, KeyID string
+		Status, Bytes                              int
+		Duration                                   int64
+	}
+	var lines []accessLine
+	for _, l := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q", l)
+		}
+		if m["msg"] != "request" {
+			continue
+		}
+		lines = append(lines, accessLine{Level: m["level"].(string), Msg: "request", Method: m["method"].(string), Path: m["path"].(string),
+			RequestID: m["request_id"].(string), KeyID: m["key_id"].(string), Status: int(m["status"].(float64)), Bytes: int(m["bytes"].(float64)),
+			Duration: int64(m["duration"].(float64))})
+	}
+	if len(lines) != 4 {
+		t.Fatalf("%d access lines, want 4:\n%s", len(lines), stderr.String())
+	}
+	first := lines[0]
+	if first.Duration <= 0 || first.Bytes != 3 {
+		t.Errorf("first line duration %d, bytes %d; want > 0 and 3 ([]\\n)", first.Duration, first.Bytes)
+	}
+	first.Duration, first.Bytes = 0, 0
+	want := accessLine{Level: "INFO", Msg: "request", Method: "GET", Path: "/v1/pets", RequestID: "back-office-42", KeyID: hexDigest(testKey)[:8], Status: 200}
+	if diff := cmp.Diff(want, first); diff != "" {
+		t.Errorf("access line (-want +got):\n%s", diff)
+	}
+	for _, l := range lines[1:] {
+		if l.Status != 401 || l.KeyID != hexDigest("wrong-key")[:8] || !generated[l.RequestID] {
+			t.Errorf("access line for a wrong key: %+v", l)
+		}
+	}
+	if strings.Contains(stderr.String(), testKey) || strings.Contains(stderr.String(), "wrong-key") || strings.Contains(stderr.String(), "status=sold") {
+		t.Errorf("log shows a key or the query:\n%s", stderr.String())
+	}
+}
+
+func TestCORS(t *testing.T) {
+	store, err := openStore(filepath.Join(t.TempDir(), "pets.db"), storeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	digests, _ := parseAPIKeys(testKey)
+	const office = "https://office.example.com"
+	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger(), corsOrigins: []string{office}}))
+	defer srv.Close()
+	plain, _ := newTestServer(t)
+
+	preflight := func(origin, method, path string) map[string]string {
+		return map[string]string{"Origin": origin, "Access-Control-Request-Method": method,
+			"Access-Control-Request-Headers": "authorization,content-type", "Authorization": ""}
+	}
+	const expose = "Link, Location, X-Request-Id, Deprecation, Sunset, Idempotent-Replayed, WWW-Authenticate"
+	tests := []struct {
+		name   string
+		srv    *httptest.Server
+		c      call
+		status int
+		want   map[string]string
+	}{
+		{"preflight for createPet", srv, call{method: "OPTIONS", path: "/v1/pets", header: preflight(office, "POST", "/v1/pets")}, 204,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Allow-Methods": "GET, POST", "Vary": "Origin",
+				"Access-Control-Allow-Headers": "Authorization, Content-Type, Idempotency-Key, X-Request-Id", "Access-Control-Max-Age": "600"}},
+		{"preflight for listPets", srv, call{method: "OPTIONS", path: "/v1/pets?limit=5", header: preflight(office, "GET", "")}, 204,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Allow-Methods": "GET, POST"}},
+		{"preflight for getPet", srv, call{method: "OPTIONS", path: "/v1/pets/7", header: preflight(office, "GET", "")}, 204,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Allow-Methods": "GET"}},
+		{"preflight for a method not served", srv, call{method: "OPTIONS", path: "/v1/pets/7", header: preflight(office, "DELETE", "")}, 401,
+			map[string]string{"Access-Control-Allow-Methods": ""}},
+		{"preflight from another origin", srv, call{method: "OPTIONS", path: "/v1/pets", header: preflight("https://evil.example", "POST", "")}, 401,
+			map[string]string{"Access-Control-Allow-Origin": "", "Vary": "Origin"}},
+		{"request from the origin", srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Origin": office}}, 200,
+			map[string]string{"Access-Control-Allow-Origin": office, "Access-Control-Expose-Headers": expose}},
+		{"error to the origin is readable", srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Origin": office, "Authorization": ""}}, 401,
+			map[string]string{"Access-Control-Allow-Origin": office}},
+		{"request from another origin", srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Origin": "https://evil.example"}}, 200,
+			map[string]string{"Access-Control-Allow-Origin": ""}},
+		{"CORS off by default", plain, call{method: "OPTIONS", path: "/v1/pets", header: preflight(office, "POST", "")}, 401,
+			map[string]string{"Access-Control-Allow-Origin": "", "Access-Control-Allow-Methods": ""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := do(t, tt.srv, tt.c)
+			if got.status != tt.status {
+				t.Errorf("status %d, want %d: %s", got.status, tt.status, got.body)
+			}
+			for k, v := range tt.want {
+				if g := strings.Join(got.header.Values(k), ", "); g != v {
+					t.Errorf("%s = %q, want %q", k, g, v)
+				}
+			}
+		})
+	}
+}
+
+// TestRateLimit: with -rate-limit, each API key has its own bucket; over
+// it, 429 rate_limited with Retry-After and the IETF RateLimit fields.
+// Health and the document are not limited, and wrong keys get 401, not a
+// bucket.
+func TestRateLimit(t *testing.T) {
+	store, err := openStore(filepath.Join(t.TempDir(), "pets.db"), storeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	digests, _ := parseAPIKeys(testKey + ",second-key")
+	limit, err := parseRateLimit("3/m", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limiter := newRateLimiter(limit)
+	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger(), limiter: limiter}))
+	defer srv.Close()
+
+	policy := `"per-key";q=3;w=60`
+	// The bucket refills as time passes, by a token every 20 s: a second
+	// since the first take takes a second off what the limiter says to
+	// wait. On an idle machine the requests below take well under a
+	// second, and the seconds are exactly 20, 40, 60 and then 20; on a
+	// loaded one the test allows the whole seconds that did pass since the
+	// first take, and no more. The limiter took each request between its
+	// sending and its answer.
+	first := time.Now()
+	var firstAnswered, lastSent, lastAnswered time.Time
+	window := func(full int, sent, answered time.Time) (lo, hi int) {
+		least := max(0, sent.Sub(firstAnswered)) // passed since the first take, at least
+		most := answered.Sub(first)              // and at most
+		return int(math.Ceil(float64(full) - most.Seconds())), int(math.Ceil(float64(full) - least.Seconds()))
+	}
+	seconds := func(t *testing.T, full int, sent, answered time.Time, got reply) int {
+		t.Helper()
+		if firstAnswered.IsZero() {
+			firstAnswered = answered
+		}
+		lastSent, lastAnswered = sent, answered
+		lo, hi := window(full, sent, answered)
+		m := regexp.MustCompile(`;t=(\d+)$`).FindStringSubmatch(got.header.Get("RateLimit"))
+		if m != nil {
+			if n, _ := strconv.Atoi(m[1]); n >= lo && n <= hi {
+				if n != full {
+					t.Logf("RateLimit t=%d, not %d: up to %s passed since the first request", n, full, answered.Sub(first).Round(time.Millisecond))
+				}
+				return n
+			}
+		}
+		return hi // not in the range: checkReply shows the difference
+	}
+	for i, full := range []int{20, 40, 60} {
+		sent := time.Now()
+		got := do(t, srv, call{method: "GET", path: "/v1/pets"})
+		want := fmt.Sprintf(`"per-key";r=%d;t=%d`, 2-i, seconds(t, full, sent, time.Now(), got))
+		checkReply(t, got, 200, map[string]string{"RateLimit-Policy": policy, "RateLimit": want}, `[]`)
+	}
+	for _, c := range []call{
+		{method: "GET", path: "/v1/pets"},
+		{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`},
+		{method: "GET", path: "/v1/pets/1"},
+		{method: "GET", path: "/v1/nowhere"},
+	} {
+		sent := time.Now()
+		got := do(t, srv, c)
+		wait := seconds(t, 20, sent, time.Now(), got)
+		checkReply(t, got, 429,
+			map[string]string{"Retry-After": strconv.Itoa(wait), "RateLimit-Policy": policy, "RateLimit": fmt.Sprintf(`"per-key";r=0;t=%d`, wait)},
+			errBody(429, codeRateLimited, fmt.Sprintf("rate limit of this API key exceeded (3 requests, refilled over 60 s); retry after %d s", wait)))
+	}
+	// Another key has its own bucket.
+	other := map[string]string{"Authorization": "Bearer second-key"}
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets", header: other}), 200,
+		map[string]string{"RateLimit": `"per-key";r=2;t=20`}, `[]`)
+	// Not limited: health, the document, and wrong or missing keys.
+	for range 10 {
+		if r := do(t, srv, call{method: "GET", path: "/healthz"}); r.status != 200 || r.header.Get("RateLimit") != "" {
+			t.Fatalf("healthz: %d, RateLimit %q", r.status, r.header.Get("RateLimit"))
+		}
+		if r := do(t, srv, call{method: "GET", path: "/openapi.yaml"}); r.status != 200 || r.header.Get("RateLimit") != "" {
+			t.Fatalf("openapi.yaml: %d, RateLimit %q", r.status, r.header.Get("RateLimit"))
+		}
+	}
+	for i := range 1000 {
+		r := do(t, srv, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": fmt.Sprintf("Bearer wrong-%d", i)}})
+		if r.status != 401 || r.header.Get("RateLimit") != "" {
+			t.Fatalf("wrong key: %d, RateLimit %q", r.status, r.header.Get("RateLimit"))
+		}
+	}
+	limiter.mu.Lock()
+	buckets := len(limiter.buckets)
+	limiter.mu.Unlock()
+	if buckets != 2 {
+		t.Errorf("%d buckets after 1000 wrong keys, want 2 (one per valid key used)", buckets)
+	}
+	// The bucket refills at the rate: a minute's quota of 3 is one token
+	// every 20 s.
+	// Measured from the bucket's last take, not from now: the loops above
+	// take a while, and that time refills the bucket too. What the takes
+	// above left in it (the time they took, from the first) is allowed
+	// for as above: exactly 60 s to wait on an idle machine.
+	limiter.mu.Lock()
+	last := limiter.buckets[sha256Sum(testKey)].at
+	limiter.mu.Unlock()
+	ok, left, wait := limiter.take(sha256Sum(testKey), last.Add(20*time.Second))
+	if lo, hi := window(60, lastSent, lastAnswered); !ok || left != 0 || wait < lo || wait > hi {
+		t.Errorf("20 s later: ok %v, left %d, wait %d; want true, 0, %d to %d (60 on an idle machine)", ok, left, wait, lo, hi)
+	}
+}
+
+// TestRefusedOriginIsLogged: a browser page on an origin not allowed is
+// named in the log, once per origin, and never for the service's own
+// origin; -cors-origins forgives a trailing slash.
+func TestRefusedOriginIsLogged(t *testing.T) {
+	base, logs, _ := startRun(t, []string{"-addr", "127.0.0.1:0", "-cors-origins", "https://office.example.com/"},
+		map[string]string{"PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")})
+	get := func(origin string) reply {
+		req, _ := http.NewRequest("GET", base+"/v1/pets", nil)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		req.Header.Set("Origin", origin)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return reply{status: resp.StatusCode, header: resp.Header}
+	}
+	// The slash was dropped: the browser's Origin has none.
+	if r := get("https://office.example.com"); r.header.Get("Access-Control-Allow-Origin") != "https://office.example.com" {
+		t.Errorf("allowed origin: Access-Control-Allow-Origin %q", r.header.Get("Access-Control-Allow-Origin"))
+	}
+	for range 3 {
+		if r := get("https://evil.example"); r.header.Get("Access-Control-Allow-Origin") != "" {
+			t.Errorf("refused origin got Access-Control-Allow-Origin %q", r.header.Get("Access-Control-Allow-Origin"))
+		}
+	}
+	get("http://" + strings.TrimPrefix(base, "http://")) // the service's own origin
+	waitForLog(t, logs, `level=WARN msg="browser origin refused: it is not in -cors-origins[^"]*" origin=https://evil.example method=GET path=/v1/pets`, 1)
+	// The log keeps the order of the requests: once a later request's
+	// access line is in, any refused-origin line of the ones above is too.
+	req, _ := http.NewRequest("GET", base+"/healthz", nil)
+	req.Header.Set("X-Request-Id", "after-the-origins")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	waitForLog(t, logs, `msg=request [^\n]*request_id=after-the-origins`, 1)
+	if n := strings.Count(logs.String(), "browser origin refused"); n != 1 {
+		t.Errorf("%d refused-origin lines, want 1 for three requests from one origin:\n%s", n, logs)
+	}
+}

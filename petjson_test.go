@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestCreatePetManyProblems: a body of thousands of unknown fields gets a
+// 400 that names the first few and counts the rest, not one as large as
+// the body.
+func TestCreatePetManyProblems(t *testing.T) {
+	srv, _ := newTestServer(t)
+	var b strings.Builder
+	b.WriteString(`{"name":"Rex","categoryId":1`)
+	const fields = 1500
+	for i := range fields {
+		fmt.Fprintf(&b, `,"k%04d":0`, i)
+	}
+	b.WriteString("}")
+	got := do(t, srv, call{method: "POST", path: "/v1/pets", body: b.String()})
+	var e apiError
+	if err := json.Unmarshal(got.body, &e); err != nil || got.status != 400 || e.Code != codeInvalidBody {
+		t.Fatalf("got %d %s", got.status, got.body)
+	}
+	if len(got.body) > 4096 {
+		t.Errorf("400 body is %d bytes, want at most 4096", len(got.body))
+	}
+	named := strings.Count(e.Message, "unknown field")
+	wantTail := fmt.Sprintf("; and %d more problems", fields-named)
+	if !strings.HasPrefix(e.Message, `unknown field "k0000" (a NewPet has name, categoryId and status); unknown field "k0001"`) || !strings.HasSuffix(e.Message, wantTail) || named < 5 {
+		t.Errorf("message = %q, want the first fields named and ending %q", e.Message, wantTail)
+	}
+}
+
+// TestHostileBodies sends the binary 1,000 concurrent creates of about
+// 1 MiB each with a valid key, half with their length announced and half
+// chunked, and small creates meanwhile; then 16 concurrent bodies of
+// thousands of unknown fields. Every large body gets 413 and every
+// unknown-field body a 400 of at most 4 KiB, never a 500, a 503 or a
+// hang; every small create is stored, also after all of that; the peak
+// resident memory stays within 64 MiB.
+func TestHostileBodies(t *testing.T) {
+	logs := &syncBuffer{}
+	base, cmd := startBinary(t, nil, []string{"-db", filepath.Join(t.TempDir(), "pets.db")}, logs)
+	big := `{"name":"` + strings.Repeat("x", 1<<20-64) + `","categoryId":1}`
+	post := func(client *http.Client, body io.Reader) (status int, answer []byte) {
+		req, _ := http.NewRequest("POST", base+"/v1/pets", body)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Log(err)
+			return -1, nil
+		}
+		defer resp.Body.Close()
+		answer, _ = io.ReadAll(resp.Body)
+		return resp.StatusCode, answer
+	}
+	createSmall := func(client *http.Client, what string) {
+		if status, answer := post(client, strings.NewReader(`{"name":"Small","categoryId":1}`)); status != 201 {
+			t.Errorf("small create %s: %d %s", what, status, answer)
+		}
+	}
+	const large = 1000
+	statuses := map[string]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: large}, Timeout: patience}
+	for i := range large {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var body io.Reader = strings.NewReader(big) // Content-Length sent
+			kind := "announced"
+			if i%2 == 1 {
+				body = io.MultiReader(strings.NewReader(big)) // chunked
+				kind = "chunked"
+			}
+			status, _ := post(client, body)
+			mu.Lock()
+			statuses[fmt.Sprintf("%s %d", kind, status)]++
+			mu.Unlock()
+		}()
+	}
+	small := &http.Client{Timeout: patience}
+	for i := range 50 {
+		createSmall(small, fmt.Sprintf("%d beside the large bodies", i))
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	want := map[string]int{"announced 413": large / 2, "chunked 413": large / 2}
+	if diff := cmp.Diff(want, statuses); diff != "" {
+		t.Errorf("answers to the large bodies (-want +got; -1: no answer):\n%s", diff)
+	}
+
+	var unknown strings.Builder
+	unknown.WriteString(`{"name":"Rex","categoryId":1`)
+	for i := 0; unknown.Len() < maxBodyBytes-16; i++ {
+		fmt.Fprintf(&unknown, `,"k%d":0`, i)
+	}
+	unknown.WriteString("}")
+	largest := 0
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, answer := post(client, strings.NewReader(unknown.String()))
+			mu.Lock()
+			defer mu.Unlock()
+			if status != 400 || !bytes.Contains(answer, []byte(`"code":"invalid_body"`)) {
+				t.Errorf("unknown fields: %d %.200s", status, answer)
+			}
+			largest = max(largest, len(answer))
+		}()
+	}
+	wg.Wait()
+	if largest > 4096 {
+		t.Errorf("largest 400 body %d bytes, want at most 4096", largest)
+	}
+	createSmall(small, "after the hostile bodies")
+
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	peak := regexp.MustCompile(`VmHWM:\s+(\d+) kB`).FindSubmatch(status)
+	peakKB, _ := strconv.Atoi(string(peak[1]))
+	t.Logf("%d concurrent ~1 MiB creates and 16 bodies of %d bytes of unknown fields (largest answer %d bytes): peak RSS %d kB",
+		large, unknown.Len(), largest, peakKB)
+	if peakKB > 64<<10 {
+		t.Errorf("peak RSS %d kB, want at most 64 MiB", peakKB)
+	}
+}
+
+// jsonEncodingJSON is how encoding/json writes a Pet with HTML escaping
+// off: the reference appendPetJSON must match byte for byte.
+func jsonEncodingJSON(t testing.TB, p Pet) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(p); err != nil {
+		t.Fatal(err)
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+}
+
+func checkPetEncoding(t testing.TB, p Pet) {
+	row := petRow{id: p.ID, name: []byte(p.Name), categoryID: p.CategoryID, status: []byte(p.Status)}
+	got, want := appendPetJSON(nil, &row), jsonEncodingJSON(t, p)
+	if !bytes.Equal(got, want) {
+		t.Errorf("appendPetJSON(%+q)\n got %s\nwant %s", p.Name, got, want)
+	}
+}
+
+func TestAppendPetJSONMatchesEncodingJSON(t *testing.T) {
+	var every []byte
+	for c := range 256 {
+		every = append(every, byte(c))
+	}
+	names := []string{"", "Rex", `quote " and backslash \\`, "<b>&amp;</b>", "tab\tnew\nline\rcr\bbs\fff",
+		"\x00\x01\x1f\x7f", "é ü 日本 🐕", "\u2028 and \u2029", "bad \xff\xfe utf-8", "\xe2\x80", "\xed\xa0\x80 surrogate",
+		string(every), strings.Repeat("a", 100)}
+	for _, name := range names {
+		for _, p := range []Pet{
+			{ID: 1, Name: name, CategoryID: 1, Status: "available"},
+			{ID: math.MaxInt64, Name: name, CategoryID: math.MaxInt64, Status: name},
+			{ID: -1, Name: name, CategoryID: 0, Status: ""},
+		} {
+			checkPetEncoding(t, p)
+		}
+	}
+}
+
+func FuzzAppendPetJSON(f *testing.F) {
+	f.Add(int64(1), "Rex", int64(1), "available")
+	f.Add(int64(9007199254740993), "\u2028\xff\\\"<>&", int64(-5), "\x00")
+	f.Fuzz(func(t *testing.T, id int64, name string, categoryID int64, status string) {
+		checkPetEncoding(t, Pet{ID: id, Name: name, CategoryID: categoryID, Status: status})
+	})
+}
+
+// TestPlainBodiesTakeTheFastPath: the bodies clients usually send are
+// decoded without json.Decoder, and the rest go to the full path
+// (FuzzDecodeNewPet checks that the two agree).
+func TestPlainBodiesTakeTheFastPath(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want NewPet
+		fast bool
+	}{
+		{`{"name":"Rex","categoryId":1}`, NewPet{Name: "Rex", CategoryID: 1, Status: "available"}, true},
+		{" {\n\t\"status\" : \"sold\" , \"categoryId\":9223372036854775807,\"name\":\"日本 🐕\"}\r\n",
+			NewPet{Name: "日本 🐕", CategoryID: 9223372036854775807, Status: "sold"}, true},
+		{`{"name":"R\u0065x","categoryId":1}`, NewPet{Name: "Rex", CategoryID: 1, Status: "available"}, false},
+		{`{"name":"Rex","categoryId":1,"status":null}`, NewPet{}, false},
+		{`{"name":"Rex","categoryId":1e0}`, NewPet{}, false},
+	} {
+		got, fast := decodePlainNewPet([]byte(tc.body))
+		if fast != tc.fast {
+			t.Errorf("%s: fast path %v, want %v", tc.body, fast, tc.fast)
+		}
+		if fast {
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("%s: fast path (-want +got):\n%s", tc.body, diff)
+			}
+		}
+		got, err := decodeNewPet([]byte(tc.body))
+		if tc.want != (NewPet{}) && (err != nil || got != tc.want) {
+			t.Errorf("%s: decodeNewPet = %+v, %v; want %+v", tc.body, got, err, tc.want)
+		}
+	}
+}

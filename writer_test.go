@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestNoCommitBehindTheClientsBack holds the database's write lock from
+// another process for longer than the binary's write timeout: every
+// create is answered before the timeout cuts its connection, and no pet
+// is stored that was not answered 201.
+func TestNoCommitBehindTheClientsBack(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "pets.db")
+	// An 8 s write timeout: the service gives up on a create 2 s before
+	// it (its widest margin), time enough to write the 503 on a loaded
+	// machine.
+	const writeTimeout = 8 * time.Second
+	base, _ := startBinary(t, nil, []string{"-db", db, "-write-timeout", writeTimeout.String()}, nil)
+
+	other, err := sql.Open("sqlite3", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	const creates = 20
+	var wg sync.WaitGroup
+	statuses := make([]int, creates)
+	errs := make([]error, creates)
+	client := &http.Client{Timeout: patience}
+	post := func(body string) (int, error) {
+		req, _ := http.NewRequest("POST", base+"/v1/pets", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		sent := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, fmt.Errorf("after %s: %w", time.Since(sent).Round(time.Millisecond), err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	held := time.Now()
+	for i := range creates {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i], errs[i] = post(fmt.Sprintf(`{"name":"Held %d","categoryId":1}`, i))
+		}()
+	}
+	// The lock is held until every create has its answer, however long
+	// that takes: longer than any create's deadline.
+	wg.Wait()
+	heldFor := time.Since(held)
+	conn.ExecContext(context.Background(), "ROLLBACK")
+	conn.Close()
+	acked := 0
+	for i := range creates {
+		switch {
+		case errs[i] != nil:
+			t.Errorf("create %d was not answered: %v", i, errs[i])
+		case statuses[i] == 201:
+			acked++
+		case statuses[i] != 503:
+			t.Errorf("create %d: status %d, want 503 or 201", i, statuses[i])
+		}
+	}
+	// A create sent now is committed after anything the writer still
+	// held from before: once it is answered, a commit behind the
+	// clients' back would be in the file.
+	if status, err := post(`{"name":"After the lock","categoryId":1}`); err != nil || status != 201 {
+		t.Fatalf("create after the lock was released: %d %v", status, err)
+	}
+	var stored int
+	if err := other.QueryRow("SELECT count(*) FROM pets").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	stored-- // the create after the lock
+	t.Logf("write lock held %s, write timeout %s: %d creates, %d answered 201, %d answered 503, %d stored, %d stored but not answered 201",
+		heldFor.Round(time.Millisecond), writeTimeout, creates, acked, creates-acked, stored, stored-acked)
+	if stored != acked {
+		t.Errorf("%d pets stored, %d answered 201", stored, acked)
+	}
+}
+
+// TestWALIsBounded holds a read transaction open from another connection
+// while creates stream in, so the WAL cannot be checkpointed and grows;
+// once the reader lets go, the WAL shrinks back under the limit while
+// creates go on (how long that took is logged).
+func TestWALIsBounded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	const limit = walLimit
+	s, err := openStore(path, storeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	walSize := func() int64 {
+		fi, err := os.Stat(path + "-wal")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+
+	reader, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	conn, _ := reader.Conn(context.Background())
+	defer conn.Close()
+	var n int
+	conn.ExecContext(context.Background(), "BEGIN")
+	if err := conn.QueryRowContext(context.Background(), "SELECT count(*) FROM pets").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if _, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: strings.Repeat("n", 90), CategoryID: 1, Status: "sold"}}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	waitFor(t, 2*patience, "the WAL to grow past the limit", func() bool { return walSize() > limit+limit/4 })
+	grown := walSize()
+	conn.ExecContext(context.Background(), "COMMIT")
+	released := time.Now()
+	waitFor(t, patience, "the WAL to shrink under the limit", func() bool { return walSize() <= limit })
+	t.Logf("WAL: %d bytes while the reader held it (limit %d); %d bytes %s after it let go, creates going on",
+		grown, limit, walSize(), time.Since(released).Round(time.Millisecond))
+}
