@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -34,6 +35,11 @@ func parseListQuery(rawQuery string) (petFilter, error) {
 	f := petFilter{limit: defaultLimit}
 	if rawQuery == "" {
 		return f, nil
+	}
+	if strings.Contains(rawQuery, "&&") || strings.HasPrefix(rawQuery, "&") || strings.HasSuffix(rawQuery, "&") {
+		// Empty pairs mean nothing, and url.ParseQuery counts them toward
+		// its limit of 10,000 pairs.
+		rawQuery = strings.Join(slices.DeleteFunc(strings.Split(rawQuery, "&"), func(p string) bool { return p == "" }), "&")
 	}
 	q, err := url.ParseQuery(rawQuery)
 	if err != nil {
@@ -186,19 +192,28 @@ func readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
 			return body, true
 		}
 	}
-	// The rest of a body up to maxDrainBytes is read and thrown away, a
-	// few KiB at a time, before the answer: a client still sending when
-	// the connection closes is reset by the kernel, and loses the answer.
-	io.Copy(io.Discard, io.LimitReader(r.Body, maxDrainBytes))
+	// A client still sending when the connection closes is reset by the
+	// kernel and loses the answer, so the rest of a body up to
+	// maxDrainBytes is read and thrown away first, for at most
+	// maxDrainTime. A body announced larger than that, or one that waits
+	// for 100 Continue, is answered at once, unread.
+	announcedLarge := r.ContentLength > maxDrainBytes
+	awaitsContinue := strings.EqualFold(r.Header.Get("Expect"), "100-continue") && r.ContentLength > maxBodyBytes
+	if !announcedLarge && !awaitsContinue {
+		http.NewResponseController(w).SetReadDeadline(time.Now().Add(maxDrainTime))
+		io.Copy(io.Discard, io.LimitReader(r.Body, maxDrainBytes))
+	}
 	writeError(w, http.StatusRequestEntityTooLarge, codeBodyTooLarge,
 		fmt.Sprintf("request body is larger than %d bytes (16 KiB); a pet's body is well under 2 KB", maxBodyBytes))
 	return nil, false
 }
 
-// maxDrainBytes is how much of a body over the limit is read, and
-// discarded, so its client gets the 413; past that the connection is
-// closed under the sender.
-const maxDrainBytes = 2 << 20
+// maxDrainBytes and maxDrainTime bound how much of a body over the limit
+// is read, and discarded, so that its client gets the 413.
+const (
+	maxDrainBytes = 2 << 20
+	maxDrainTime  = time.Second
+)
 
 // decodeNewPet parses and validates a create body: the plain body most
 // clients send on a fast path, anything else on the full one.

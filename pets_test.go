@@ -234,6 +234,8 @@ func TestListPets(t *testing.T) {
 		{"after above int64", "?after=9223372036854775808", 400, "", bad(`after must be the id of the last pet seen (an integer from 0 to 9223372036854775807), got "9223372036854775808"`)},
 		{"unknown parameter", "?stauts=sold", 400, "", bad(`unknown query parameter "stauts"; known: limit, status, after`)},
 		{"repeated parameter", "?limit=1&limit=2", 400, "", bad(`query parameter limit is given more than once`)},
+		{"empty pairs, more than 10,000", "?&limit=1&status=sold" + strings.Repeat("&", 10001), 200,
+			`</v1/pets?limit=1&status=sold&after=5>; rel="next"`, page(5)},
 		{"malformed escape", "?limit=%zz", 400, "", bad(`malformed query string: use name=value pairs joined by &, percent-encoded`)},
 		{"semicolon separator", "?limit=1;status=sold", 400, "", bad(`malformed query string: use name=value pairs joined by &, percent-encoded`)},
 		{"malformed escape after an unknown name", "?zzz=1&limit=%zz", 400, "", bad(`malformed query string: use name=value pairs joined by &, percent-encoded`)},

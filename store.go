@@ -83,6 +83,13 @@ var migrations = []string{
 	CREATE TRIGGER pets_updated AFTER UPDATE ON pets
 		BEGIN UPDATE pets_changes SET changed = changed + 1; END;
 	CREATE TRIGGER pets_deleted AFTER DELETE ON pets
+		BEGIN UPDATE pets_changes SET changed = changed + 1; END;
+	-- INSERT OR REPLACE deletes the row it replaces without firing delete
+	-- triggers (recursive_triggers is off by default): count it here.
+	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
+		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
+			OR (NEW.idempotency_key IS NOT NULL
+				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_key = NEW.idempotency_key))
 		BEGIN UPDATE pets_changes SET changed = changed + 1; END;`,
 }
 

@@ -207,7 +207,7 @@ func TestForeignFiles(t *testing.T) {
 		}
 		s.close()
 		db, _ := sql.Open("sqlite3", path)
-		for _, q := range []string{"DROP TRIGGER pets_inserted", "DROP TRIGGER pets_updated", "DROP TRIGGER pets_deleted",
+		for _, q := range []string{"DROP TRIGGER pets_inserted", "DROP TRIGGER pets_updated", "DROP TRIGGER pets_deleted", "DROP TRIGGER pets_replacing",
 			"DROP TABLE pets_changes", "PRAGMA application_id = 0", "PRAGMA user_version = 3"} {
 			if _, err := db.Exec(q); err != nil {
 				t.Fatalf("%s: %v", q, err)

@@ -162,14 +162,13 @@ type view struct {
 	loaded          chan loadedView
 	cancelLoad      context.CancelFunc
 	failedAt        time.Time // when a load last failed
+	lastFailure     string    // why, so a failure that stays is logged once
 	loads           int       // loads so far, the first included, for the log
 
 	// highWater is the highest id the file has held while the service
-	// ran: at start, or acknowledged since. acked are the ids this run
-	// acknowledged, as ranges. A file whose ids no longer reach highWater
-	// went back (see checkWentBack).
+	// ran: at start, or acknowledged since. A file whose ids no longer
+	// reach it went back (see checkWentBack).
 	highWater int64
-	acked     idRanges
 }
 
 // loadedView is a load's outcome.
@@ -304,33 +303,6 @@ func (c *catalogue) countAbove(top int64) (n, lo, hi int64) {
 	return int64(len(c.ids) - i), c.ids[i], c.ids[len(c.ids)-1]
 }
 
-// idRanges are ascending ids as runs of consecutive ones: the ids one run
-// of the service acknowledged, in little memory.
-type idRanges []struct{ lo, hi int64 }
-
-func (r *idRanges) add(id int64) {
-	if n := len(*r); n > 0 && (*r)[n-1].hi+1 == id {
-		(*r)[n-1].hi = id
-		return
-	}
-	*r = append(*r, struct{ lo, hi int64 }{id, id})
-}
-
-// countAbove is catalogue.countAbove for the ranges.
-func (r idRanges) countAbove(top int64) (n, lo, hi int64) {
-	for _, x := range r {
-		if x.hi <= top {
-			continue
-		}
-		from := max(x.lo, top+1)
-		if n == 0 {
-			lo = from
-		}
-		n, hi = n+x.hi-from+1, x.hi
-	}
-	return n, lo, hi
-}
-
 // externalWriteCheck is how often the writer asks SQLite whether another
 // connection committed to the file, to bring the view up to date.
 const externalWriteCheck = 250 * time.Millisecond
@@ -352,8 +324,8 @@ func (s *petStore) startLoad(why string) {
 	}
 	v.loading, v.reload = true, false
 	v.loads++
-	if v.loads > 1 {
-		s.log.Info("in-memory view is rebuilt: the pets table changed from outside the service", "why", why, "db", s.file.path)
+	if v.loads > 1 && why != whyRetry {
+		s.log.Info("in-memory view is rebuilt", "why", why, "db", s.file.path)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	v.cancelLoad = cancel
@@ -364,6 +336,15 @@ func (s *petStore) startLoad(why string) {
 	}()
 }
 
+// Why a load starts, for the log.
+const (
+	whyStart   = "start"
+	whyRetry   = "an earlier load failed"
+	whyOutside = "the pets table changed from outside the service: rows updated, deleted, replaced, or inserted below the last id"
+	whyAgain   = "the pets table changed from outside again while the view loaded"
+	whyUnsound = "the view could not be brought up to date"
+)
+
 // landLoad takes a finished load into the writer loop, catches it up with
 // what was committed while it ran, and publishes it.
 func (s *petStore) landLoad(w *batchWriter, l loadedView) {
@@ -371,7 +352,7 @@ func (s *petStore) landLoad(w *batchWriter, l loadedView) {
 	v.loading = false
 	v.cancelLoad()
 	if v.reload {
-		s.startLoad("the file changed again while the view loaded")
+		s.startLoad(whyAgain)
 		return
 	}
 	if l.err != nil {
@@ -379,11 +360,18 @@ func (s *petStore) landLoad(w *batchWriter, l loadedView) {
 		if kind, ok := s.classify(l.err); ok && kind == faultDamaged {
 			s.markDamaged(l.err.Error())
 		}
-		s.log.Warn("lists and gets are read from SQLite: the in-memory view could not be loaded", "err", l.err.Error(), "db", s.file.path)
+		// Tried again every 10 s; said again only when the cause changes.
+		if msg := l.err.Error(); msg != v.lastFailure {
+			v.lastFailure = msg
+			s.log.Warn("lists and gets are read from SQLite: the in-memory view could not be loaded; it is tried again every 10 s", "err", msg, "db", s.file.path)
+		}
 		return
 	}
+	v.lastFailure = ""
 	v.master, v.known = l.c, l.known
-	s.syncView(w)
+	// Everything committed while it loaded is read in, however much: the
+	// service's own creates go on during a load.
+	s.syncView(w, math.MaxInt32)
 	if v.master == nil {
 		return // the file changed in a way that needs another load
 	}
@@ -394,13 +382,14 @@ func (s *petStore) landLoad(w *batchWriter, l loadedView) {
 }
 
 // syncView brings the view up to date with the file, in a read
-// transaction of the writer's connection, outside any commit.
-func (s *petStore) syncView(w *batchWriter) {
-	if err := w.inReadTx(func() error { return s.catchUp(w) }); err != nil {
+// transaction of the writer's connection, outside any commit, reading in
+// at most limit appended rows.
+func (s *petStore) syncView(w *batchWriter, limit int) {
+	if err := w.inReadTx(func() error { return s.catchUp(w, limit) }); err != nil {
 		if _, ok := s.classify(err); !ok && s.storage.wentBack.Load() == nil {
 			s.log.Warn("in-memory view could not be brought up to date; it is rebuilt", "err", err.Error(), "db", s.file.path)
 		}
-		s.startLoad("it could not be brought up to date")
+		s.startLoad(whyUnsound)
 	}
 }
 
@@ -409,7 +398,9 @@ func (s *petStore) syncView(w *batchWriter) {
 // its inserts, so no outside change is passed over. Outside appends are
 // read and added; any other change (an update, a delete, a restore)
 // starts a rebuild. A file that went back is refused: checkWentBack.
-func (s *petStore) catchUp(w *batchWriter) error {
+// At most limit appended rows are read in; more are loaded in the
+// background instead.
+func (s *petStore) catchUp(w *batchWriter, limit int) error {
 	v := &s.view
 	cur, err := w.changeCount()
 	if err != nil {
@@ -427,8 +418,8 @@ func (s *petStore) catchUp(w *batchWriter) error {
 	if v.master == nil {
 		return nil // a load is on its way, and catches up when it lands
 	}
-	if added := cur.inserted - v.known.inserted; cur.changed == v.known.changed && added > 0 && added <= maxCaughtUp {
-		pets, err := w.petsAfter(v.master.lastID())
+	if added := cur.inserted - v.known.inserted; cur.changed == v.known.changed && added > 0 && added <= int64(limit) {
+		pets, err := w.petsAfter(v.master.lastID(), limit)
 		if err != nil {
 			return err
 		}
@@ -437,7 +428,7 @@ func (s *petStore) catchUp(w *batchWriter) error {
 			return nil
 		}
 	}
-	s.startLoad("rows were changed, deleted, or inserted out of order")
+	s.startLoad(whyOutside)
 	return nil
 }
 
@@ -454,7 +445,10 @@ func (s *petStore) checkWentBack(w *batchWriter) error {
 	if err != nil || top >= s.view.highWater {
 		return err
 	}
-	n, lo, hi := s.view.acked.countAbove(top)
+	// The view, when it is loaded, knows every pet the file held; while
+	// it loads, the ids above the file's are counted as missing (dense
+	// unless rows were deleted by hand).
+	n, lo, hi := s.view.highWater-top, top+1, s.view.highWater
 	if c := s.view.master; c != nil {
 		n, lo, hi = c.countAbove(top)
 	}

@@ -145,7 +145,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 	// The view loads in the background; creates are taken at once, and
 	// reads go to SQLite until it is ready, so a large file answers at
 	// once too.
-	s.startLoad("start")
+	s.startLoad(whyStart)
 	defer func() {
 		if s.view.loading {
 			s.view.cancelLoad()
@@ -183,10 +183,10 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			s.landLoad(w, l)
 		case <-watch.C:
 			if w.externalWrite() {
-				s.syncView(w)
+				s.syncView(w, maxCaughtUp)
 			}
 			if v := &s.view; v.master == nil && !v.loading && time.Since(v.failedAt) > 10*time.Second {
-				s.startLoad("an earlier load failed")
+				s.startLoad(whyRetry)
 			}
 		case <-tick.C:
 			if s.storage.faults.current() != nil || s.storage.replaced.Load() != nil {
@@ -227,7 +227,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	s.storage.commitStart.Store(time.Now().UnixNano())
 	// Inside the transaction, before its inserts: the view catches up
 	// with any outside change, and a file that went back is refused.
-	results, err := w.commit(batch, func() error { return s.catchUp(w) }, s.view.highWater)
+	results, err := w.commit(batch, func() error { return s.catchUp(w, maxCaughtUp) }, s.view.highWater)
 	s.storage.commitStart.Store(0)
 	if err == nil {
 		if err := s.checkFile(w); err != nil {
@@ -242,7 +242,6 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		for _, r := range results {
 			if r.err == nil && !r.replayed {
 				added = append(added, r.pet)
-				s.view.acked.add(r.pet.ID)
 				s.view.highWater = max(s.view.highWater, r.pet.ID)
 			}
 		}
@@ -250,7 +249,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 			if s.view.add(added) {
 				s.view.known.inserted += int64(len(added))
 			} else {
-				s.startLoad("a new pet's id was not above the view's last")
+				s.startLoad(whyUnsound)
 			}
 		}
 		for i, r := range batch {
@@ -563,14 +562,14 @@ func (w *batchWriter) topID() (int64, error) {
 	return top, err
 }
 
-// petsAfter reads the pets above id, in order, at most maxCaughtUp+1.
-func (w *batchWriter) petsAfter(id int64) ([]Pet, error) {
-	rows, err := w.after.QueryContext(context.Background(), id, maxCaughtUp+1)
+// petsAfter reads the pets above id, in order, at most limit+1.
+func (w *batchWriter) petsAfter(id int64, limit int) ([]Pet, error) {
+	rows, err := w.after.QueryContext(context.Background(), id, limit+1)
 	if err != nil {
 		return nil, err
 	}
 	var pets []Pet
-	_, err = scanRows(rows, maxCaughtUp+1, func(r *petRow) {
+	_, err = scanRows(rows, limit+1, func(r *petRow) {
 		pets = append(pets, Pet{ID: r.id, Name: string(r.name), CategoryID: r.categoryID, Status: string(r.status)})
 	})
 	return pets, err
