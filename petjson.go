@@ -181,7 +181,7 @@ func isJSONContentType(ct string) bool {
 // readBody reads the request body, at most maxBodyBytes of it, and
 // answers 413 past that; no more than that is ever held in memory. ok is
 // false when an answer has been written.
-func readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
+func readBody(w http.ResponseWriter, r *http.Request, drainUntil time.Time) (body []byte, ok bool) {
 	if r.ContentLength <= maxBodyBytes {
 		body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
 		if err != nil {
@@ -194,13 +194,13 @@ func readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
 	}
 	// A client still sending when the connection closes is reset by the
 	// kernel and loses the answer, so the rest of a body up to
-	// maxDrainBytes is read and thrown away first, for at most
-	// maxDrainTime. A body announced larger than that, or one that waits
-	// for 100 Continue, is answered at once, unread.
+	// maxDrainBytes is read and thrown away first, until drainUntil at the
+	// latest. A body announced larger than that, or one that waits for 100
+	// Continue, is answered at once, unread.
 	announcedLarge := r.ContentLength > maxDrainBytes
 	awaitsContinue := strings.EqualFold(r.Header.Get("Expect"), "100-continue") && r.ContentLength > maxBodyBytes
 	if !announcedLarge && !awaitsContinue {
-		http.NewResponseController(w).SetReadDeadline(time.Now().Add(maxDrainTime))
+		http.NewResponseController(w).SetReadDeadline(drainUntil)
 		io.Copy(io.Discard, io.LimitReader(r.Body, maxDrainBytes))
 	}
 	writeError(w, http.StatusRequestEntityTooLarge, codeBodyTooLarge,
@@ -208,12 +208,9 @@ func readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
 	return nil, false
 }
 
-// maxDrainBytes and maxDrainTime bound how much of a body over the limit
-// is read, and discarded, so that its client gets the 413.
-const (
-	maxDrainBytes = 2 << 20
-	maxDrainTime  = time.Second
-)
+// maxDrainBytes bounds how much of a body over the limit is read, and
+// discarded, so that its client gets the 413.
+const maxDrainBytes = 2 << 20
 
 // decodeNewPet parses and validates a create body: the plain body most
 // clients send on a fast path, anything else on the full one.

@@ -141,7 +141,13 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeInvalidParameter, err.Error())
 		return
 	}
-	body, ok := readBody(w, r)
+	// An oversized body is drained until the create's deadline at most;
+	// without a write timeout, for 10 s.
+	drainUntil := start.Add(10 * time.Second)
+	if s.createWithin > 0 {
+		drainUntil = start.Add(s.createWithin)
+	}
+	body, ok := readBody(w, r, drainUntil)
 	if !ok {
 		return
 	}
