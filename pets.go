@@ -155,6 +155,11 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		c.deadline = start.Add(s.createWithin)
 	}
 	p, replayed, err := s.store.createPet(r.Context(), c)
+	var refused *refusedError
+	if errors.As(err, &refused) {
+		writeError(w, http.StatusUnprocessableEntity, codeRefusedByDatabase, refused.Error())
+		return
+	}
 	if errors.Is(err, errIdempotencyKeyReused) {
 		writeError(w, http.StatusUnprocessableEntity, codeIdempotencyKeyReused,
 			"this Idempotency-Key was already used for a different pet; use a new key for a new request")

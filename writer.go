@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mattn/go-sqlite3"
 )
 
 // errClosed is returned for writes after close.
@@ -281,8 +283,19 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		}
 		return
 	}
+	var refusal sqlite3.Error
+	if errors.As(err, &refusal) && refusal.Code == sqlite3.ErrConstraint {
+		err = &refusedError{cause: refusal.Error()}
+	}
 	batch[0].done <- writeResult{err: err}
 }
+
+// refusedError is a create SQLite refused by a rule the service does not
+// know of: an operator's trigger or constraint. It names the rule's
+// message, so the client learns why.
+type refusedError struct{ cause string }
+
+func (e *refusedError) Error() string { return "the database refused this pet: " + e.cause }
 
 // checkFile returns an error once the path no longer names the opened
 // file. The first time, the writer empties the WAL, which is still this
@@ -485,7 +498,9 @@ func (w *batchWriter) commit(batch []*writeRequest, check func() error, floor in
 	// the client's back.
 	wait := time.Duration(busyTimeoutMillis) * time.Millisecond
 	for i, r := range batch {
-		if !r.state.CompareAndSwap(requestPending, requestTaken) {
+		// A request is taken once; one retried on its own after its batch
+		// failed was taken already, and its handler is waiting for it.
+		if r.state.Load() != requestTaken && !r.state.CompareAndSwap(requestPending, requestTaken) {
 			results[i].err = errTimedOut // its handler gave up: not stored
 			continue
 		}
