@@ -237,7 +237,6 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 			refuse(err)
 			return
 		}
-		s.storage.faults.succeeded()
 		// The view learns of the new pets before their clients do, so a
 		// client reads its own writes.
 		added := make([]Pet, 0, len(batch))
@@ -247,6 +246,11 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 				s.view.acked.add(r.pet.ID)
 				s.view.highWater = max(s.view.highWater, r.pet.ID)
 			}
+		}
+		if len(added) > 0 {
+			// Only a commit that wrote shows the storage takes writes: one
+			// whose every request had expired wrote nothing.
+			s.storage.faults.succeeded()
 		}
 		if s.view.master != nil {
 			if s.view.add(added) {
@@ -314,8 +318,7 @@ func (s *petStore) checkFile(w *batchWriter) error {
 		return nil
 	}
 	if !w.walEmptied {
-		w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
-		w.walEmptied = true
+		w.walEmptied = w.truncateWAL() // else tried again at the next check
 	}
 	return r
 }
@@ -481,7 +484,17 @@ func (w *batchWriter) checkWAL(walPath string, limit int64) {
 	}
 	// A busy timeout would stall every create behind a long reader.
 	w.setBusyTimeout(0)
-	w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
+	w.truncateWAL()
+}
+
+// truncateWAL checkpoints the whole WAL into the database file and
+// empties it, without waiting for readers; it reports whether it did.
+// SQLite answers a checkpoint that a reader holds back with busy = 1, not
+// with an error.
+func (w *batchWriter) truncateWAL() bool {
+	var busy, frames, done int
+	err := w.conn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &done)
+	return err == nil && busy == 0
 }
 
 // commit stores a batch in one transaction and returns each request's
@@ -552,6 +565,7 @@ var errIDNotNew = errors.New("an insert got an id already held")
 // snapshot of the file that takes no lock.
 func (w *batchWriter) inReadTx(fn func() error) error {
 	ctx := context.Background()
+	w.leaveTx()
 	if _, err := w.beginRead.ExecContext(ctx); err != nil {
 		return err
 	}
@@ -561,6 +575,21 @@ func (w *batchWriter) inReadTx(fn func() error) error {
 	}
 	_, err := w.commitTx.ExecContext(ctx)
 	return err
+}
+
+// leaveTx rolls back a transaction the connection is still inside: one
+// whose ROLLBACK failed. Left open, it would fail every later BEGIN, and
+// so every create. SQLite rolls back by itself after some errors (a full
+// disk, an I/O error), so a ROLLBACK that fails is not alone the sign.
+func (w *batchWriter) leaveTx() {
+	inTx := false
+	w.conn.Raw(func(dc any) error {
+		inTx = !dc.(*sqlite3.SQLiteConn).AutoCommit()
+		return nil
+	})
+	if inTx {
+		w.rollTx.ExecContext(context.Background())
+	}
 }
 
 // changeCount reads the pets_changes row.
@@ -593,6 +622,7 @@ func (w *batchWriter) petsAfter(id int64) ([]Pet, error) {
 
 // inTx runs fn in an immediate transaction on the writer connection.
 func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
+	w.leaveTx()
 	if _, err := w.beginTx.ExecContext(ctx); err != nil {
 		return err
 	}

@@ -217,3 +217,40 @@ func TestOneRefusedCreateSparesItsBatch(t *testing.T) {
 		t.Errorf("%d pets stored (%v), want 6: the blocker and the five valid ones", stored, err)
 	}
 }
+
+// TestWriterLeavesAStuckTransaction: a writer connection left inside a
+// transaction (its ROLLBACK failed) would fail every later BEGIN, and so
+// every create; the next transaction rolls it back first.
+func TestWriterLeavesAStuckTransaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	s, err := openStore(path, storeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.close()
+	db, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	w, err := newBatchWriter(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	ctx := context.Background()
+	if _, err := w.conn.ExecContext(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	err = w.inTx(ctx, func() error {
+		_, _, err := w.insertPet(ctx, createRequest{pet: NewPet{Name: "After", CategoryID: 1, Status: "sold"}})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("a transaction after a stuck one: %v", err)
+	}
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM pets WHERE name = 'After'").Scan(&n); err != nil || n != 1 {
+		t.Errorf("%d pets stored (%v), want 1", n, err)
+	}
+}
