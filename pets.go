@@ -153,6 +153,11 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 	c := createRequest{pet: np, idempotencyKey: key}
 	if s.createWithin > 0 {
 		c.deadline = start.Add(s.createWithin)
+		// A create whose commit has begun is answered with its outcome,
+		// however long the commit takes: the server's write timeout must
+		// not cut the client off from a pet that was stored.
+		rc := http.NewResponseController(w)
+		c.late = func() { rc.SetWriteDeadline(time.Time{}) }
 	}
 	p, replayed, err := s.store.createPet(r.Context(), c)
 	var refused *refusedError

@@ -48,6 +48,11 @@ type createRequest struct {
 	// deadline is when the client must have its answer; a create whose
 	// commit has not begun by then is not stored. Zero: none.
 	deadline time.Time
+	// late, if set, is called when the deadline passes while the create's
+	// commit runs: its answer will come late, and the truth, so whoever
+	// bounds the answer's time must wait for it (the handler lifts the
+	// connection's write deadline).
+	late func()
 }
 
 // fingerprint identifies what a create asks for, after defaults: two
@@ -122,13 +127,17 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 	// row may be committed, and the answer must say what happened. At the
 	// deadline, a create the writer has not taken yet is given up, and so
 	// never stored; one it has taken is answered within the deadline
-	// (its lock wait is bounded by it) or, if its commit is slow, late.
+	// (its lock wait is bounded by it) or, if its commit is slow, late,
+	// with its outcome.
 	select {
 	case r := <-w.done:
 		return r.pet, r.replayed, r.err
 	case <-expired:
 		if w.state.CompareAndSwap(requestPending, requestAbandoned) {
 			return Pet{}, false, errTimedOut
+		}
+		if c.late != nil {
+			c.late()
 		}
 		r := <-w.done
 		return r.pet, r.replayed, r.err
@@ -226,11 +235,18 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		refuse(r)
 		return
 	}
-	s.storage.commitStart.Store(time.Now().UnixNano())
+	start := time.Now()
+	s.storage.commitStart.Store(start.UnixNano())
+	stalled := time.AfterFunc(stalledCommit, func() {
+		s.log.Warn("a commit is waiting on the storage: its creates are answered when it ends", "waited", stalledCommit.String(), "creates", len(batch), "db", s.file.path)
+	})
 	// Inside the transaction, before its inserts: the view catches up
 	// with any outside change, and a file that went back is refused.
 	results, err := w.commit(batch, func() error { return s.catchUp(w) }, s.view.highWater)
 	s.storage.commitStart.Store(0)
+	if !stalled.Stop() {
+		s.log.Warn("the stalled commit ended", "took", time.Since(start).Round(time.Millisecond).String(), "committed", err == nil, "db", s.file.path)
+	}
 	if err == nil {
 		if err := s.checkFile(w); err != nil {
 			// Committed, but to a file no longer at the path.
@@ -293,6 +309,10 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	}
 	batch[0].done <- writeResult{err: err}
 }
+
+// stalledCommit is how long a commit may wait on the storage (a frozen
+// filesystem, a stalled disk) before the log says so.
+const stalledCommit = 5 * time.Second
 
 // refusedError is a create SQLite refused by a rule the service does not
 // know of: an operator's trigger or constraint. It names the rule's
