@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -227,4 +228,87 @@ func TestBackupInterrupted(t *testing.T) {
 	if absent == 0 {
 		t.Error("no kill interrupted a backup; the test proves nothing")
 	}
+}
+
+// TestRestore puts a backup back with petstore restore: refused while a
+// service holds the file and for a file that is not a sound petstore
+// backup, each leaving the database as it was; then done, with the old
+// -wal and -shm gone, and the service starts on exactly the backup's pets
+// and issues ids above them.
+func TestRestore(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "pets.db")
+	backup := filepath.Join(dir, "backup.db")
+	ctx := context.Background()
+	srv, s := newTestServerAt(t, db)
+	createPets(t, srv, `{"name":"Kept","categoryId":1}`, `{"name":"Kept too","categoryId":2}`)
+	if _, err := backupDatabase(ctx, db, backup); err != nil {
+		t.Fatal(err)
+	}
+	createPets(t, srv, `{"name":"Lost","categoryId":3}`)
+	env := func(string) string { return "" }
+	restore := func(from string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, []string{"petstore", "restore", "-db", db, "-from", from}, env, &out, io.Discard)
+		return out.String(), err
+	}
+	before, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unchanged := func(when string) {
+		t.Helper()
+		if now, err := os.ReadFile(db); err != nil || !bytes.Equal(now, before) {
+			t.Errorf("%s: the database file changed", when)
+		}
+	}
+
+	_, err = restore(backup)
+	want := fmt.Sprintf("restore: database %s is in use by another petstore process; run one service per database file; stop it before restoring", db)
+	if err == nil || err.Error() != want {
+		t.Errorf("restore under a running service: %v, want %s", err, want)
+	}
+	unchanged("refused under a running service")
+	srv.Close()
+	s.close()
+	before, _ = os.ReadFile(db)
+
+	foreign := filepath.Join(dir, "foreign.db")
+	other, _ := sql.Open("sqlite3", foreign)
+	other.Exec("CREATE TABLE notes (text TEXT)")
+	other.Close()
+	damaged := filepath.Join(dir, "damaged.db")
+	data, _ := os.ReadFile(backup)
+	for i := 4096; i < len(data); i++ {
+		data[i] ^= 0x5a
+	}
+	os.WriteFile(damaged, data, 0o600)
+	for _, tt := range []struct{ from, want string }{
+		{foreign, "restore: backup " + foreign + ": not a petstore database (SQLite application_id 0x0)"},
+		{damaged, "restore: check backup: "},
+		{filepath.Join(dir, "missing.db"), "restore: backup " + filepath.Join(dir, "missing.db") + ": "},
+	} {
+		if _, err := restore(tt.from); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("restore -from %s: %v, want %q...", filepath.Base(tt.from), err, tt.want)
+		}
+		unchanged("refused " + filepath.Base(tt.from))
+	}
+
+	out, err := restore(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("restored %s to %s: 2 pets, integrity ok\n", backup, db); out != want {
+		t.Errorf("restore said %q, want %q", out, want)
+	}
+	for _, companion := range []string{db + "-wal", db + "-shm"} {
+		if _, err := os.Stat(companion); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is still there after the restore: %v", companion, err)
+		}
+	}
+	srv, _ = newTestServerAt(t, db)
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil,
+		`[{"id":1,"name":"Kept","categoryId":1,"status":"available"},{"id":2,"name":"Kept too","categoryId":2,"status":"available"}]`)
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":4}`}), 201, nil,
+		`{"id":3,"name":"New","categoryId":4,"status":"available"}`)
 }
