@@ -6,6 +6,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -89,23 +91,32 @@ func snapshotName(t time.Time) string {
 
 // pruneSnapshots deletes the oldest snapshots in dir beyond the newest
 // keep, never the one just written and never a file whose name is not a
-// snapshot's. It returns the names it deleted.
+// snapshot's. It returns the names it deleted. Age is read from what a
+// snapshot holds, its highest pet id, and only then from its name: a
+// clock that once jumped ahead names snapshots that would otherwise
+// outlive every fresh one.
 func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	var names []string
+	type snapshot struct {
+		name string
+		top  int64 // -1: not readable as a petstore file, the oldest
+	}
+	var snapshots []snapshot
 	for _, e := range entries {
 		if e.Type().IsRegular() && snapshotPattern.MatchString(e.Name()) {
-			names = append(names, e.Name())
+			snapshots = append(snapshots, snapshot{e.Name(), snapshotTop(filepath.Join(dir, e.Name()))})
 		}
 	}
-	slices.Sort(names)
+	slices.SortFunc(snapshots, func(a, b snapshot) int {
+		return cmp.Or(cmp.Compare(a.top, b.top), strings.Compare(a.name, b.name))
+	})
 	var removed []string
-	for len(names) > keep {
-		name := names[0]
-		names = names[1:]
+	for len(snapshots) > keep {
+		name := snapshots[0].name
+		snapshots = snapshots[1:]
 		if name == justWritten {
 			continue
 		}
@@ -115,6 +126,21 @@ func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) 
 		removed = append(removed, name)
 	}
 	return removed, nil
+}
+
+// snapshotTop is the highest pet id in a snapshot, or -1 if it cannot be
+// read as a petstore file.
+func snapshotTop(path string) int64 {
+	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
+	if err != nil {
+		return -1
+	}
+	defer db.Close()
+	var top int64
+	if err := db.QueryRow("SELECT coalesce(max(id), 0) FROM pets").Scan(&top); err != nil {
+		return -1
+	}
+	return top
 }
 
 // backupDatabase writes a consistent copy of the database file src to dst

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -311,4 +312,45 @@ func TestRestore(t *testing.T) {
 		`[{"id":1,"name":"Kept","categoryId":1,"status":"available"},{"id":2,"name":"Kept too","categoryId":2,"status":"available"}]`)
 	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":4}`}), 201, nil,
 		`{"id":3,"name":"New","categoryId":4,"status":"available"}`)
+}
+
+// TestSnapshotRetentionIgnoresTheClock: snapshots named by a clock that
+// once jumped a year ahead hold older catalogues; retention keeps the
+// fresh ones, by what they hold, and deletes those.
+func TestSnapshotRetentionIgnoresTheClock(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db := filepath.Join(dir, "pets.db")
+	snapshots := filepath.Join(dir, "snapshots")
+	os.MkdirAll(snapshots, 0o700)
+	srv, _ := newTestServerAt(t, db)
+	snapshotAt := func(pets int, name string) {
+		t.Helper()
+		for {
+			var n []Pet
+			json.Unmarshal(do(t, srv, call{method: "GET", path: "/v1/pets?limit=100"}).body, &n)
+			if len(n) >= pets {
+				break
+			}
+			createPets(t, srv, `{"name":"Rex","categoryId":1}`)
+		}
+		if _, err := backupDatabase(ctx, db, filepath.Join(snapshots, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The clock jumped ahead for a while, then came back.
+	snapshotAt(3, "petstore-20271122T030000Z.db")
+	snapshotAt(4, "petstore-20271122T030001Z.db")
+	snapshotAt(5, "petstore-20271122T030002Z.db")
+	snapshotAt(6, "petstore-20261120T030000Z.db")
+	snapshotAt(7, "petstore-20261121T030000Z.db")
+	snapshotAt(10, "petstore-20261122T030000Z.db")
+	removed, err := pruneSnapshots(snapshots, 3, "petstore-20261122T030000Z.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"petstore-20271122T030000Z.db", "petstore-20271122T030001Z.db", "petstore-20271122T030002Z.db"}
+	if diff := cmp.Diff(want, removed); diff != "" {
+		t.Errorf("deleted (-want +got):\n%s", diff)
+	}
 }
