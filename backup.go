@@ -1,10 +1,12 @@
-// Backups: "petstore backup", one consistent copy or a directory of
-// snapshots with retention, written with VACUUM INTO and checked before
-// it is called a backup.
+// Backups and restore: "petstore backup", one consistent copy or a
+// directory of snapshots with retention, written with VACUUM INTO and
+// checked before it is called a backup; "petstore restore", which puts one
+// back while no service holds the file.
 
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -16,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -88,23 +91,32 @@ func snapshotName(t time.Time) string {
 
 // pruneSnapshots deletes the oldest snapshots in dir beyond the newest
 // keep, never the one just written and never a file whose name is not a
-// snapshot's. It returns the names it deleted.
+// snapshot's. It returns the names it deleted. Age is read from what a
+// snapshot holds, its highest pet id, and only then from its name: a
+// clock that once jumped ahead names snapshots that would otherwise
+// outlive every fresh one.
 func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	var names []string
+	type snapshot struct {
+		name string
+		top  int64 // -1: not readable as a petstore file, the oldest
+	}
+	var snapshots []snapshot
 	for _, e := range entries {
 		if e.Type().IsRegular() && snapshotPattern.MatchString(e.Name()) {
-			names = append(names, e.Name())
+			snapshots = append(snapshots, snapshot{e.Name(), snapshotTop(filepath.Join(dir, e.Name()))})
 		}
 	}
-	slices.Sort(names)
+	slices.SortFunc(snapshots, func(a, b snapshot) int {
+		return cmp.Or(cmp.Compare(a.top, b.top), strings.Compare(a.name, b.name))
+	})
 	var removed []string
-	for len(names) > keep {
-		name := names[0]
-		names = names[1:]
+	for len(snapshots) > keep {
+		name := snapshots[0].name
+		snapshots = snapshots[1:]
 		if name == justWritten {
 			continue
 		}
@@ -114,6 +126,21 @@ func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) 
 		removed = append(removed, name)
 	}
 	return removed, nil
+}
+
+// snapshotTop is the highest pet id in a snapshot, or -1 if it cannot be
+// read as a petstore file.
+func snapshotTop(path string) int64 {
+	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
+	if err != nil {
+		return -1
+	}
+	defer db.Close()
+	var top int64
+	if err := db.QueryRow("SELECT coalesce(max(id), 0) FROM pets").Scan(&top); err != nil {
+		return -1
+	}
+	return top
 }
 
 // backupDatabase writes a consistent copy of the database file src to dst
@@ -199,4 +226,102 @@ func syncPath(path string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// runRestore is "petstore restore -from BACKUP [-db FILE]".
+func runRestore(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	const usage = "petstore restore -from BACKUP [-db FILE]"
+	fs := newFlagSet("petstore restore")
+	var db, from string
+	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database file to replace")
+	fs.StringVar(&from, "from", "", "the backup to put back, as petstore backup wrote it")
+	rest, err := parseInterspersed(fs, args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "Usage: %s\n\nReplaces the database with a checked backup, while no service holds it.\n\nFlags:\n", usage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return nil
+		}
+		return fmt.Errorf("restore: %w", err)
+	}
+	if from == "" || len(rest) != 0 {
+		return errors.New("restore: name the backup with -from, and nothing else: " + usage)
+	}
+	pets, err := restoreDatabase(ctx, from, db)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	fmt.Fprintf(stdout, "restored %s to %s: %d pets, integrity ok\n", from, db, pets)
+	return nil
+}
+
+// restoreDatabase replaces the database at db with the backup at from.
+// Copying a file over a live database corrupts it: the service's open
+// connections, its -wal and its -shm still describe the old file, and
+// SQLite would lay the old WAL's pages over the new one. So it refuses
+// while a service holds db (its lock), checks the backup (integrity and
+// application id), writes a copy beside db and fsyncs it, removes the old
+// -wal and -shm, and renames the copy over db, so db is at every moment
+// either the old file or the whole backup.
+func restoreDatabase(ctx context.Context, from, db string) (pets int64, err error) {
+	if err := checkPetstoreFile(ctx, from); err != nil {
+		return 0, fmt.Errorf("backup %s: %w", from, err)
+	}
+	if pets, err = checkBackup(ctx, from); err != nil {
+		return 0, err
+	}
+	// The service's lock, held until the new file is in place: no service
+	// can start on db meanwhile.
+	old, err := openDBFile(db)
+	if err != nil {
+		return 0, fmt.Errorf("%w; stop it before restoring", err)
+	}
+	defer old.close()
+	src, err := os.Open(from)
+	if err != nil {
+		return 0, err
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(db), "."+filepath.Base(db)+".restore-*")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = io.Copy(tmp, src)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("copy the backup beside %s: %w", db, err)
+	}
+	for _, companion := range []string{db + "-wal", db + "-shm"} {
+		if err := os.Remove(companion); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return 0, err
+		}
+	}
+	if err := os.Rename(tmp.Name(), db); err != nil {
+		return 0, err
+	}
+	return pets, syncPath(filepath.Dir(db))
+}
+
+// checkPetstoreFile refuses a file that is not a petstore database.
+func checkPetstoreFile(ctx context.Context, path string) error {
+	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var appID int64
+	if err := db.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
+		return err
+	}
+	if appID != petstoreApplicationID {
+		return fmt.Errorf("not a petstore database (SQLite application_id %#x)", appID)
+	}
+	return nil
 }

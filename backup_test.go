@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -226,5 +228,129 @@ func TestBackupInterrupted(t *testing.T) {
 	t.Logf("backup killed 8 times: %d left nothing at the name, %d a complete backup", absent, complete)
 	if absent == 0 {
 		t.Error("no kill interrupted a backup; the test proves nothing")
+	}
+}
+
+// TestRestore puts a backup back with petstore restore: refused while a
+// service holds the file and for a file that is not a sound petstore
+// backup, each leaving the database as it was; then done, with the old
+// -wal and -shm gone, and the service starts on exactly the backup's pets
+// and issues ids above them.
+func TestRestore(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "pets.db")
+	backup := filepath.Join(dir, "backup.db")
+	ctx := context.Background()
+	srv, s := newTestServerAt(t, db)
+	createPets(t, srv, `{"name":"Kept","categoryId":1}`, `{"name":"Kept too","categoryId":2}`)
+	if _, err := backupDatabase(ctx, db, backup); err != nil {
+		t.Fatal(err)
+	}
+	createPets(t, srv, `{"name":"Lost","categoryId":3}`)
+	env := func(string) string { return "" }
+	restore := func(from string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, []string{"petstore", "restore", "-db", db, "-from", from}, env, &out, io.Discard)
+		return out.String(), err
+	}
+	before, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unchanged := func(when string) {
+		t.Helper()
+		if now, err := os.ReadFile(db); err != nil || !bytes.Equal(now, before) {
+			t.Errorf("%s: the database file changed", when)
+		}
+	}
+
+	_, err = restore(backup)
+	want := fmt.Sprintf("restore: database %s is in use by another petstore process; run one service per database file; stop it before restoring", db)
+	if err == nil || err.Error() != want {
+		t.Errorf("restore under a running service: %v, want %s", err, want)
+	}
+	unchanged("refused under a running service")
+	srv.Close()
+	s.close()
+	before, _ = os.ReadFile(db)
+
+	foreign := filepath.Join(dir, "foreign.db")
+	other, _ := sql.Open("sqlite3", foreign)
+	other.Exec("CREATE TABLE notes (text TEXT)")
+	other.Close()
+	damaged := filepath.Join(dir, "damaged.db")
+	data, _ := os.ReadFile(backup)
+	for i := 4096; i < len(data); i++ {
+		data[i] ^= 0x5a
+	}
+	os.WriteFile(damaged, data, 0o600)
+	for _, tt := range []struct{ from, want string }{
+		{foreign, "restore: backup " + foreign + ": not a petstore database (SQLite application_id 0x0)"},
+		{damaged, "restore: check backup: "},
+		{filepath.Join(dir, "missing.db"), "restore: backup " + filepath.Join(dir, "missing.db") + ": "},
+	} {
+		if _, err := restore(tt.from); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("restore -from %s: %v, want %q...", filepath.Base(tt.from), err, tt.want)
+		}
+		unchanged("refused " + filepath.Base(tt.from))
+	}
+
+	out, err := restore(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("restored %s to %s: 2 pets, integrity ok\n", backup, db); out != want {
+		t.Errorf("restore said %q, want %q", out, want)
+	}
+	for _, companion := range []string{db + "-wal", db + "-shm"} {
+		if _, err := os.Stat(companion); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is still there after the restore: %v", companion, err)
+		}
+	}
+	srv, _ = newTestServerAt(t, db)
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil,
+		`[{"id":1,"name":"Kept","categoryId":1,"status":"available"},{"id":2,"name":"Kept too","categoryId":2,"status":"available"}]`)
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":4}`}), 201, nil,
+		`{"id":3,"name":"New","categoryId":4,"status":"available"}`)
+}
+
+// TestSnapshotRetentionIgnoresTheClock: snapshots named by a clock that
+// once jumped a year ahead hold older catalogues; retention keeps the
+// fresh ones, by what they hold, and deletes those.
+func TestSnapshotRetentionIgnoresTheClock(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db := filepath.Join(dir, "pets.db")
+	snapshots := filepath.Join(dir, "snapshots")
+	os.MkdirAll(snapshots, 0o700)
+	srv, _ := newTestServerAt(t, db)
+	snapshotAt := func(pets int, name string) {
+		t.Helper()
+		for {
+			var n []Pet
+			json.Unmarshal(do(t, srv, call{method: "GET", path: "/v1/pets?limit=100"}).body, &n)
+			if len(n) >= pets {
+				break
+			}
+			createPets(t, srv, `{"name":"Rex","categoryId":1}`)
+		}
+		if _, err := backupDatabase(ctx, db, filepath.Join(snapshots, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The clock jumped ahead for a while, then came back.
+	snapshotAt(3, "petstore-20271122T030000Z.db")
+	snapshotAt(4, "petstore-20271122T030001Z.db")
+	snapshotAt(5, "petstore-20271122T030002Z.db")
+	snapshotAt(6, "petstore-20261120T030000Z.db")
+	snapshotAt(7, "petstore-20261121T030000Z.db")
+	snapshotAt(10, "petstore-20261122T030000Z.db")
+	removed, err := pruneSnapshots(snapshots, 3, "petstore-20261122T030000Z.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"petstore-20271122T030000Z.db", "petstore-20271122T030001Z.db", "petstore-20271122T030002Z.db"}
+	if diff := cmp.Diff(want, removed); diff != "" {
+		t.Errorf("deleted (-want +got):\n%s", diff)
 	}
 }

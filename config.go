@@ -150,7 +150,7 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 			// "petstore", not args[0]: under go run that is a path in the
 			// build cache.
 			fmt.Fprint(stdout, "Usage: petstore [flags]\n       petstore backup [-db FILE] BACKUP-FILE\n"+
-				"       petstore backup [-db FILE] -dir DIR [-keep N]\n       petstore keygen\n\n"+
+				"       petstore backup [-db FILE] -dir DIR [-keep N]\n       petstore restore -from BACKUP [-db FILE]\n       petstore keygen\n\n"+
 				"API keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file.\n"+
 				"Each flag can also be set by the environment variable named with it; a flag wins.\n\nFlags:\n")
 			fs.PrintDefaults()
@@ -161,7 +161,7 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		return c, f.err
 	}
 	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected argument %q (commands: backup, keygen)", fs.Arg(0))
+		return c, fmt.Errorf("unexpected argument %q (commands: backup, restore, keygen)", fs.Arg(0))
 	}
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return c, errors.New("-tls-cert and -tls-key go together: give both or neither")

@@ -45,7 +45,7 @@ func TestParseRateLimit(t *testing.T) {
 // names the program petstore, and backup takes its flags in either order.
 func TestCommandLines(t *testing.T) {
 	env := func(string) string { return "" }
-	for _, args := range [][]string{{"-h"}, {"backup", "-h"}, {"keygen", "-h"}} {
+	for _, args := range [][]string{{"-h"}, {"backup", "-h"}, {"restore", "-h"}, {"keygen", "-h"}} {
 		var out bytes.Buffer
 		err := run(context.Background(), append([]string{"/root/.cache/go-build/x/exe/petstore"}, args...), env, &out, io.Discard)
 		if err != nil || !strings.HasPrefix(out.String(), "Usage: petstore") {

@@ -25,6 +25,9 @@ const (
 	codeUnavailable          = "unavailable"
 	codeIdempotencyKeyReused = "idempotency_key_reused"
 	codeRateLimited          = "rate_limited"
+	// codeRefusedByDatabase: a rule in the database file that the service
+	// does not know of (an operator's trigger) refused this one create.
+	codeRefusedByDatabase = "refused_by_database"
 	// codeAcknowledgedPetsMissing: creates are refused because the file
 	// lost pets this service acknowledged (see faultWentBack).
 	codeAcknowledgedPetsMissing = "acknowledged_pets_missing"

@@ -34,13 +34,15 @@ func main() {
 const shutdownGrace = 10 * time.Second
 
 // run is the whole program. With no subcommand it serves until ctx is
-// cancelled; "backup" and "keygen" are one-shot commands. Every failure is
+// cancelled; "backup", "restore" and "keygen" are one-shot commands. Every failure is
 // returned, never printed and swallowed.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) > 1 {
 		switch args[1] {
 		case "backup":
 			return runBackup(ctx, args[1:], getenv, stdout)
+		case "restore":
+			return runRestore(ctx, args[1:], getenv, stdout)
 		case "keygen":
 			return runKeygen(args[1:], stdout)
 		}

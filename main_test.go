@@ -98,7 +98,7 @@ func TestRunFailures(t *testing.T) {
 		{"unknown flag", []string{"-nope"}, env, "flag provided but not defined: -nope"},
 		{"bad key list", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "a b"},
 			"PETSTORE_API_KEYS: API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
-		{"stray argument", []string{"serve"}, env, `unexpected argument "serve" (commands: backup, keygen)`},
+		{"stray argument", []string{"serve"}, env, `unexpected argument "serve" (commands: backup, restore, keygen)`},
 		{"bad log format", []string{"-log-format", "xml"}, env, `-log-format (PETSTORE_LOG_FORMAT) must be text or json, got "xml"`},
 		{"bad log level", []string{"-log-level", "loud"}, env, `-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got "loud"`},
 		{"CORS origin without scheme", []string{"-cors-origins", "office.example.com"}, env,

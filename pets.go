@@ -159,8 +159,18 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 	c := createRequest{pet: np, idempotencyKey: key}
 	if s.createWithin > 0 {
 		c.deadline = start.Add(s.createWithin)
+		// A create whose commit has begun is answered with its outcome,
+		// however long the commit takes: the server's write timeout must
+		// not cut the client off from a pet that was stored.
+		rc := http.NewResponseController(w)
+		c.late = func() { rc.SetWriteDeadline(time.Time{}) }
 	}
 	p, replayed, err := s.store.createPet(r.Context(), c)
+	var refused *refusedError
+	if errors.As(err, &refused) {
+		writeError(w, http.StatusUnprocessableEntity, codeRefusedByDatabase, refused.Error())
+		return
+	}
 	if errors.Is(err, errIdempotencyKeyReused) {
 		writeError(w, http.StatusUnprocessableEntity, codeIdempotencyKeyReused,
 			"this Idempotency-Key was already used for a different pet; use a new key for a new request")
@@ -183,6 +193,9 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 // timeout, which cuts the connection. A create that cannot be committed
 // by then is refused with 503 and not stored, so a client never gets EOF
 // for a pet that was stored behind its back.
+// The margin is a quarter of the timeout, from 0.25 to 2 s, and never
+// more than half of it, so the deadline stays positive for any timeout.
 func createDeadline(writeTimeout time.Duration) time.Duration {
-	return writeTimeout - min(2*time.Second, max(250*time.Millisecond, writeTimeout/4))
+	margin := min(2*time.Second, max(250*time.Millisecond, writeTimeout/4), writeTimeout/2)
+	return writeTimeout - margin
 }

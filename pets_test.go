@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestCreatePet(t *testing.T) {
@@ -519,4 +520,22 @@ func TestReadYourWrites(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestCreateDeadline: a create's deadline is a margin inside the write
+// timeout, and positive for any timeout, so the no-late-commit rule is
+// never off.
+func TestCreateDeadline(t *testing.T) {
+	for _, tt := range []struct{ timeout, want time.Duration }{
+		{30 * time.Second, 28 * time.Second},
+		{5 * time.Second, 3750 * time.Millisecond},
+		{time.Second, 750 * time.Millisecond},
+		{400 * time.Millisecond, 200 * time.Millisecond},
+		{250 * time.Millisecond, 125 * time.Millisecond},
+		{time.Millisecond, 500 * time.Microsecond},
+	} {
+		if got := createDeadline(tt.timeout); got != tt.want {
+			t.Errorf("createDeadline(%v) = %v, want %v", tt.timeout, got, tt.want)
+		}
+	}
 }

@@ -345,6 +345,22 @@ func inspect(path string) (migrationDue bool, err error) {
 		if len(foreign) > 0 {
 			return false, fmt.Errorf("not a petstore database: it holds tables petstore did not make (%s); use another -db file", strings.Join(foreign, ", "))
 		}
+		// An earlier petstore's file, unmarked: its pets table must be the
+		// one that version made, or the migrations would change (and
+		// first switch to WAL) a file that is then refused.
+		if version >= 1 && version < int64(len(migrations)) {
+			want := "id, name, category_id, status"
+			if version >= 2 {
+				want += ", idempotency_key, request_fingerprint"
+			}
+			var got string
+			if err := db.QueryRowContext(ctx, "SELECT coalesce(group_concat(name, ', '), '') FROM (SELECT name FROM pragma_table_info('pets') ORDER BY cid)").Scan(&got); err != nil {
+				return false, err
+			}
+			if got != want {
+				return false, fmt.Errorf("not a petstore database: its pets table has the columns (%s), not petstore's (%s); use another -db file", got, want)
+			}
+		}
 	}
 	if version > int64(len(migrations)) {
 		return false, fmt.Errorf("schema version %d is newer than this build understands (%d); use a newer petstore", version, len(migrations))

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -185,6 +186,8 @@ func TestForeignFiles(t *testing.T) {
 			[]string{"CREATE TABLE orders (x)", "CREATE TABLE customers (x)"}},
 		{"another table beside pets", "not a petstore database: it holds tables petstore did not make (notes); use another -db file",
 			[]string{"CREATE TABLE pets (x)", "CREATE TABLE notes (x)", "PRAGMA user_version = 2"}},
+		{"a pets table of another shape", "not a petstore database: its pets table has the columns (id, species), not petstore's (id, name, category_id, status, idempotency_key, request_fingerprint); use another -db file",
+			[]string{"CREATE TABLE pets (id INTEGER PRIMARY KEY, species TEXT)", "PRAGMA user_version = 2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := makeFile(t, tc.sqls...)
@@ -195,6 +198,11 @@ func TestForeignFiles(t *testing.T) {
 			}
 			if after, _ := os.ReadFile(path); string(after) != string(before) {
 				t.Error("the refused file was changed")
+			}
+			for _, companion := range []string{path + "-wal", path + "-shm"} {
+				if _, err := os.Stat(companion); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s was made for a refused file", filepath.Base(companion))
+				}
 			}
 		})
 	}

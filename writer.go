@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mattn/go-sqlite3"
 )
 
 // errClosed is returned for writes after close.
@@ -46,6 +48,11 @@ type createRequest struct {
 	// deadline is when the client must have its answer; a create whose
 	// commit has not begun by then is not stored. Zero: none.
 	deadline time.Time
+	// late, if set, is called when the deadline passes while the create's
+	// commit runs: its answer will come late, and the truth, so whoever
+	// bounds the answer's time must wait for it (the handler lifts the
+	// connection's write deadline).
+	late func()
 }
 
 // fingerprint identifies what a create asks for, after defaults: two
@@ -120,13 +127,17 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 	// row may be committed, and the answer must say what happened. At the
 	// deadline, a create the writer has not taken yet is given up, and so
 	// never stored; one it has taken is answered within the deadline
-	// (its lock wait is bounded by it) or, if its commit is slow, late.
+	// (its lock wait is bounded by it) or, if its commit is slow, late,
+	// with its outcome.
 	select {
 	case r := <-w.done:
 		return r.pet, r.replayed, r.err
 	case <-expired:
 		if w.state.CompareAndSwap(requestPending, requestAbandoned) {
 			return Pet{}, false, errTimedOut
+		}
+		if c.late != nil {
+			c.late()
 		}
 		r := <-w.done
 		return r.pet, r.replayed, r.err
@@ -224,18 +235,24 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		refuse(r)
 		return
 	}
-	s.storage.commitStart.Store(time.Now().UnixNano())
+	start := time.Now()
+	s.storage.commitStart.Store(start.UnixNano())
+	stalled := time.AfterFunc(stalledCommit, func() {
+		s.log.Warn("a commit is waiting on the storage: its creates are answered when it ends", "waited", stalledCommit.String(), "creates", len(batch), "db", s.file.path)
+	})
 	// Inside the transaction, before its inserts: the view catches up
 	// with any outside change, and a file that went back is refused.
 	results, err := w.commit(batch, func() error { return s.catchUp(w, maxCaughtUp) }, s.view.highWater)
 	s.storage.commitStart.Store(0)
+	if !stalled.Stop() {
+		s.log.Warn("the stalled commit ended", "took", time.Since(start).Round(time.Millisecond).String(), "committed", err == nil, "db", s.file.path)
+	}
 	if err == nil {
 		if err := s.checkFile(w); err != nil {
 			// Committed, but to a file no longer at the path.
 			refuse(err)
 			return
 		}
-		s.storage.faults.succeeded()
 		// The view learns of the new pets before their clients do, so a
 		// client reads its own writes.
 		added := make([]Pet, 0, len(batch))
@@ -244,6 +261,11 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 				added = append(added, r.pet)
 				s.view.highWater = max(s.view.highWater, r.pet.ID)
 			}
+		}
+		if len(added) > 0 {
+			// Only a commit that wrote shows the storage takes writes: one
+			// whose every request had expired wrote nothing.
+			s.storage.faults.succeeded()
 		}
 		if s.view.master != nil {
 			if s.view.add(added) {
@@ -280,8 +302,23 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		}
 		return
 	}
+	var refusal sqlite3.Error
+	if errors.As(err, &refusal) && refusal.Code == sqlite3.ErrConstraint {
+		err = &refusedError{cause: refusal.Error()}
+	}
 	batch[0].done <- writeResult{err: err}
 }
+
+// stalledCommit is how long a commit may wait on the storage (a frozen
+// filesystem, a stalled disk) before the log says so.
+const stalledCommit = 5 * time.Second
+
+// refusedError is a create SQLite refused by a rule the service does not
+// know of: an operator's trigger or constraint. It names the rule's
+// message, so the client learns why.
+type refusedError struct{ cause string }
+
+func (e *refusedError) Error() string { return "the database refused this pet: " + e.cause }
 
 // checkFile returns an error once the path no longer names the opened
 // file. The first time, the writer empties the WAL, which is still this
@@ -300,8 +337,7 @@ func (s *petStore) checkFile(w *batchWriter) error {
 		return nil
 	}
 	if !w.walEmptied {
-		w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
-		w.walEmptied = true
+		w.walEmptied = w.truncateWAL() // else tried again at the next check
 	}
 	return r
 }
@@ -467,7 +503,17 @@ func (w *batchWriter) checkWAL(walPath string, limit int64) {
 	}
 	// A busy timeout would stall every create behind a long reader.
 	w.setBusyTimeout(0)
-	w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
+	w.truncateWAL()
+}
+
+// truncateWAL checkpoints the whole WAL into the database file and
+// empties it, without waiting for readers; it reports whether it did.
+// SQLite answers a checkpoint that a reader holds back with busy = 1, not
+// with an error.
+func (w *batchWriter) truncateWAL() bool {
+	var busy, frames, done int
+	err := w.conn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &done)
+	return err == nil && busy == 0
 }
 
 // commit stores a batch in one transaction and returns each request's
@@ -484,7 +530,9 @@ func (w *batchWriter) commit(batch []*writeRequest, check func() error, floor in
 	// the client's back.
 	wait := time.Duration(busyTimeoutMillis) * time.Millisecond
 	for i, r := range batch {
-		if !r.state.CompareAndSwap(requestPending, requestTaken) {
+		// A request is taken once; one retried on its own after its batch
+		// failed was taken already, and its handler is waiting for it.
+		if r.state.Load() != requestTaken && !r.state.CompareAndSwap(requestPending, requestTaken) {
 			results[i].err = errTimedOut // its handler gave up: not stored
 			continue
 		}
@@ -536,6 +584,7 @@ var errIDNotNew = errors.New("an insert got an id already held")
 // snapshot of the file that takes no lock.
 func (w *batchWriter) inReadTx(fn func() error) error {
 	ctx := context.Background()
+	w.leaveTx()
 	if _, err := w.beginRead.ExecContext(ctx); err != nil {
 		return err
 	}
@@ -545,6 +594,21 @@ func (w *batchWriter) inReadTx(fn func() error) error {
 	}
 	_, err := w.commitTx.ExecContext(ctx)
 	return err
+}
+
+// leaveTx rolls back a transaction the connection is still inside: one
+// whose ROLLBACK failed. Left open, it would fail every later BEGIN, and
+// so every create. SQLite rolls back by itself after some errors (a full
+// disk, an I/O error), so a ROLLBACK that fails is not alone the sign.
+func (w *batchWriter) leaveTx() {
+	inTx := false
+	w.conn.Raw(func(dc any) error {
+		inTx = !dc.(*sqlite3.SQLiteConn).AutoCommit()
+		return nil
+	})
+	if inTx {
+		w.rollTx.ExecContext(context.Background())
+	}
 }
 
 // changeCount reads the pets_changes row.
@@ -577,6 +641,7 @@ func (w *batchWriter) petsAfter(id int64, limit int) ([]Pet, error) {
 
 // inTx runs fn in an immediate transaction on the writer connection.
 func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
+	w.leaveTx()
 	if _, err := w.beginTx.ExecContext(ctx); err != nil {
 		return err
 	}

@@ -191,3 +191,105 @@ func TestWriterRefusesAnIDHeldBefore(t *testing.T) {
 		t.Errorf("above the floor: %+v, %v; want pet 1 stored", results, err)
 	}
 }
+
+// TestOneRefusedCreateSparesItsBatch: a trigger an operator added refuses
+// one name. A batch of five valid creates and the refused one, formed
+// behind a create that waits for a lock, stores the five and the blocker,
+// and answers the refused one with its own cause.
+func TestOneRefusedCreateSparesItsBatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	srv, s, _ := newLoggedServer(t, path, storeOptions{})
+	other, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Exec(`CREATE TRIGGER refuse_some BEFORE INSERT ON pets WHEN NEW.name = 'Refused'
+		BEGIN SELECT RAISE(ABORT, 'no pet may be named Refused'); END`); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := other.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if _, err := lock.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	create := func(name string, into *reply) func() {
+		return func() {
+			r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":1}`})
+			if err != nil {
+				t.Error(err)
+			}
+			*into = r
+		}
+	}
+	var wg sync.WaitGroup
+	start := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
+	var blocker reply
+	start(create("Blocker", &blocker))
+	waitFor(t, patience, "the blocker's commit to wait for the lock", func() bool { return s.storage.commitStart.Load() != 0 })
+	names := []string{"One", "Two", "Refused", "Three", "Four", "Five"}
+	replies := make([]reply, len(names))
+	for i, name := range names {
+		start(create(name, &replies[i]))
+	}
+	waitFor(t, patience, "six creates to queue behind the blocker", func() bool { return len(s.queue.writes) == len(names) })
+	if _, err := lock.ExecContext(context.Background(), "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	checkReply(t, blocker, 201, nil, `{"id":1,"name":"Blocker","categoryId":1,"status":"available"}`)
+	for i, name := range names {
+		if name == "Refused" {
+			checkReply(t, replies[i], 422, nil, errBody(422, codeRefusedByDatabase,
+				"the database refused this pet: no pet may be named Refused"))
+			continue
+		}
+		if replies[i].status != 201 {
+			t.Errorf("create %s: %d %s", name, replies[i].status, replies[i].body)
+		}
+	}
+	var stored int
+	if err := other.QueryRow("SELECT count(*) FROM pets").Scan(&stored); err != nil || stored != 6 {
+		t.Errorf("%d pets stored (%v), want 6: the blocker and the five valid ones", stored, err)
+	}
+}
+
+// TestWriterLeavesAStuckTransaction: a writer connection left inside a
+// transaction (its ROLLBACK failed) would fail every later BEGIN, and so
+// every create; the next transaction rolls it back first.
+func TestWriterLeavesAStuckTransaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pets.db")
+	s, err := openStore(path, storeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.close()
+	db, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	w, err := newBatchWriter(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	ctx := context.Background()
+	if _, err := w.conn.ExecContext(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	err = w.inTx(ctx, func() error {
+		_, _, err := w.insertPet(ctx, createRequest{pet: NewPet{Name: "After", CategoryID: 1, Status: "sold"}})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("a transaction after a stuck one: %v", err)
+	}
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM pets WHERE name = 'After'").Scan(&n); err != nil || n != 1 {
+		t.Errorf("%d pets stored (%v), want 1", n, err)
+	}
+}
