@@ -610,3 +610,43 @@ func TestFrozenCommitIsAnswered(t *testing.T) {
 	}
 	t.Logf("6 s freeze under a 2 s write timeout: answers %v, %d acknowledged and stored, %d cut off", answers, len(acked), cutOff)
 }
+
+// TestReadOnlyMountAtStart starts on files of a filesystem mounted
+// read-only: one the service stopped cleanly is served for reading; one
+// it could open only with a write (a rollback-journal copy, or a WAL file
+// without its -wal and -shm) is refused with an error that says so, not
+// SQLite's "unable to open database file: no such file or directory".
+func TestReadOnlyMountAtStart(t *testing.T) {
+	dir := mountTmpfs(t, "4m")
+	stopped := filepath.Join(dir, "stopped.db")
+	srv, s := newTestServerAt(t, stopped)
+	createPets(t, srv, newPetBody)
+	srv.Close()
+	s.close()
+	if _, err := backupDatabase(context.Background(), stopped, filepath.Join(dir, "journal.db")); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(stopped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "bare.db"), data, 0o600)
+	if out, err := exec.Command("mount", "-o", "remount,ro", dir).CombinedOutput(); err != nil {
+		t.Fatalf("remount read-only: %v: %s", err, out)
+	}
+
+	srv, _ = newTestServerAt(t, stopped)
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/1"}), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
+	for _, tt := range []struct{ file, need, sqliteSaid string }{
+		{"journal.db", "switch it to WAL, which writes to it", "attempt to write a readonly database"},
+		{"bare.db", "create bare.db-wal and -shm beside it", "unable to open database file: no such file or directory"},
+	} {
+		path := filepath.Join(dir, tt.file)
+		_, err := openStore(path, storeOptions{})
+		want := "open database " + path + ": the database file or its filesystem is read-only, and to open it SQLite must " + tt.need +
+			" (" + tt.sqliteSaid + "): make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)"
+		if err == nil || err.Error() != want {
+			t.Errorf("start on %s:\n got %v\nwant %s", tt.file, err, want)
+		}
+	}
+}

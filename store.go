@@ -10,8 +10,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -201,6 +204,12 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	due, err := inspect(path)
 	if err != nil {
 		file.close()
+		if file.readOnly.Load() {
+			var sqliteErr sqlite3.Error
+			if errors.As(err, &sqliteErr) {
+				err = readOnlyStartError(path, err)
+			}
+		}
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
 
@@ -234,6 +243,9 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 		readers.Close()
 		writer.Close()
 		file.close()
+		if file.readOnly.Load() {
+			err = readOnlyStartError(path, err)
+		}
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
 	if due {
@@ -268,6 +280,33 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	go s.writeLoop(w)
 	go s.quickCheck()
 	return s, nil
+}
+
+// readOnlyStartError names the real cause when a file that can only be
+// read cannot be opened: SQLite's own message ("unable to open database
+// file", "attempt to write a readonly database") does not say that
+// opening it needs a write.
+func readOnlyStartError(path string, err error) error {
+	// Byte 18 of the header is 2 for a WAL database (1 for a rollback
+	// journal), which SQLite opens only with its -wal and -shm beside it.
+	need := "switch it to WAL, which writes to it"
+	if header, readErr := readHeader(path); readErr == nil && header[18] == 2 {
+		need = "create " + filepath.Base(path) + "-wal and -shm beside it"
+	}
+	return fmt.Errorf("the database file or its filesystem is read-only, and to open it SQLite must %s (%v): "+
+		"make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)", need, err)
+}
+
+// readHeader reads the 100-byte header of a SQLite file.
+func readHeader(path string) ([100]byte, error) {
+	var h [100]byte
+	f, err := os.Open(path)
+	if err != nil {
+		return h, err
+	}
+	defer f.Close()
+	_, err = io.ReadFull(f, h[:])
+	return h, err
 }
 
 // readerConns is the size of the reader pool. More readers than cores: a
