@@ -4,6 +4,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -32,6 +34,9 @@ type dbFile struct {
 	// readOnly: the file could be opened only for reading at start; it
 	// is cleared once a write has worked.
 	readOnly atomic.Bool
+	// The -wal file as SQLite opened it, and its -shm (see checkWAL).
+	walID fileID
+	shm   *os.File
 }
 
 // openDBFile opens the database file at path, creating it private to the
@@ -114,4 +119,72 @@ func (d *dbFile) unreadable() bool {
 	return errors.Is(err, syscall.EIO)
 }
 
-func (d *dbFile) close() error { return d.f.Close() }
+// noteWAL records the -wal file SQLite has open, and keeps its -shm open
+// to read SQLite's index of it. It is called once the connections have
+// opened them; until it has seen them, checkWAL has nothing to compare.
+func (d *dbFile) noteWAL() {
+	fi, err := os.Stat(d.path + "-wal")
+	if err != nil {
+		return
+	}
+	shm, err := os.Open(d.path + "-shm")
+	if err != nil {
+		return
+	}
+	d.walID, d.shm = fileIDOf(fi), shm
+}
+
+// checkWAL returns a faultWALGone storageError once the -wal file SQLite
+// has open is no longer at its path, or holds fewer bytes than SQLite's
+// index says were written to it; cutShort tells the last apart, whose
+// frames are lost. Committing on would acknowledge pets that a crash, or
+// the next start, loses.
+func (d *dbFile) checkWAL() (err error, cutShort bool) {
+	if d.shm == nil {
+		d.noteWAL()
+		return nil, false
+	}
+	gone := func(format string, args ...any) error {
+		return &storageError{kind: faultWALGone, err: fmt.Errorf(format, args...)}
+	}
+	fi, statErr := os.Stat(d.path + "-wal")
+	switch {
+	case errors.Is(statErr, os.ErrNotExist):
+		return gone("%s-wal was deleted", d.path), false
+	case statErr != nil:
+		return &storageError{kind: faultIO, err: statErr}, false
+	case fileIDOf(fi) != d.walID:
+		return gone("%s-wal is now another file", d.path), false
+	}
+	if written, ok := walWritten(d.shm); ok && fi.Size() < written {
+		return gone("%s-wal holds %d bytes, but SQLite's index says %d were written to it", d.path, fi.Size(), written), true
+	}
+	return nil, false
+}
+
+// walWritten reads from the -shm file how many bytes of the -wal hold
+// committed frames: the WAL header and mxFrame frames of a page and its
+// 24-byte frame header. SQLite keeps two copies of the index header; a
+// read that finds them different met a commit and tells nothing.
+func walWritten(shm *os.File) (int64, bool) {
+	var h [96]byte
+	if _, err := shm.ReadAt(h[:], 0); err != nil || !bytes.Equal(h[:48], h[48:]) || h[12] == 0 {
+		return 0, false
+	}
+	pageSize := int64(binary.NativeEndian.Uint16(h[14:16]))
+	if pageSize == 1 {
+		pageSize = 65536
+	}
+	frames := int64(binary.NativeEndian.Uint32(h[16:20]))
+	if frames == 0 {
+		return 0, true
+	}
+	return 32 + frames*(pageSize+24), true
+}
+
+func (d *dbFile) close() error {
+	if d.shm != nil {
+		d.shm.Close()
+	}
+	return d.f.Close()
+}

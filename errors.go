@@ -28,6 +28,9 @@ const (
 	// codeRefusedByDatabase: a rule in the database file that the service
 	// does not know of (an operator's trigger) refused this one create.
 	codeRefusedByDatabase = "refused_by_database"
+	// codeStorageTampered: creates are refused until a restart because the
+	// database's -wal file was deleted, replaced or cut short.
+	codeStorageTampered = "storage_tampered"
 	// codeAcknowledgedPetsMissing: creates are refused because the file
 	// lost pets this service acknowledged (see faultWentBack).
 	codeAcknowledgedPetsMissing = "acknowledged_pets_missing"

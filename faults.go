@@ -34,6 +34,7 @@ const (
 	faultDamaged  // lasts until the file is restored and the service restarted
 	faultReplaced // lasts until the service is restarted
 	faultWentBack // the file lost pets it held; lasts until restart
+	faultWALGone  // the -wal file deleted, replaced or cut short; lasts until restart
 )
 
 // message says what is wrong, starting with the short name of the failing
@@ -54,6 +55,8 @@ func (k faultKind) message() string {
 		return "file replaced: the database file was deleted or replaced while the service ran; the service must be restarted"
 	case faultTimedOut:
 		return "timed out: the pet could not be committed before the write timeout, so it was not stored"
+	case faultWALGone:
+		return "WAL tampered: the database's -wal file was deleted, replaced or cut short under the running service, so no pet can be stored safely; the service must be restarted"
 	case faultWentBack:
 		return "catalogue went back: the database file no longer holds pets this service stored (an older copy was put under it), so new pets would reuse their ids; the service must be restarted"
 	}
@@ -66,7 +69,7 @@ func (k faultKind) retryAfter() string {
 	switch k {
 	case faultLocked, faultNotAnswering, faultTimedOut:
 		return "1"
-	case faultDamaged, faultReplaced, faultWentBack:
+	case faultDamaged, faultReplaced, faultWentBack, faultWALGone:
 		return "60"
 	}
 	return "5"
@@ -76,8 +79,11 @@ func (k faultKind) retryAfter() string {
 // has its own, since a client that retries blindly on "unavailable" must
 // learn that pets it was told were stored are gone.
 func (k faultKind) code() string {
-	if k == faultWentBack {
+	switch k {
+	case faultWentBack:
 		return codeAcknowledgedPetsMissing
+	case faultWALGone:
+		return codeStorageTampered
 	}
 	return codeUnavailable
 }
@@ -339,14 +345,22 @@ func (s *petStore) probe(ctx context.Context) error {
 // such a replacement.
 func (s *petStore) markReplaced(err error) bool {
 	var se *storageError
-	if !errors.As(err, &se) || se.kind != faultReplaced {
+	if !errors.As(err, &se) || se.kind != faultReplaced && se.kind != faultWALGone {
 		return false
 	}
-	if s.storage.replaced.CompareAndSwap(nil, se) {
+	if !s.storage.replaced.CompareAndSwap(nil, se) {
+		return true
+	}
+	if se.kind == faultReplaced {
 		s.log.Error("the database file was deleted or replaced under the running service: creates are refused from now on; "+
 			"restart the service to open the file now at the path, or restore it from a backup (README: Backups and restore)",
 			"db", s.file.path, "err", se.err.Error())
+		return true
 	}
+	s.log.Error("the database's -wal file was deleted, replaced or cut short under the running service: creates are refused from now on; "+
+		"a -wal the service still held open is saved into the database file first; then restart the service, and if pets are missing "+
+		"restore from the replica or a backup (README: Outside writes, restores and replicas)",
+		"db", s.file.path, "err", se.err.Error())
 	return true
 }
 

@@ -650,3 +650,111 @@ func TestReadOnlyMountAtStart(t *testing.T) {
 		}
 	}
 }
+
+// TestWALTamperedUnderTheService deletes, replaces, or empties in place
+// the -wal file under the binary while clients create, then kills the
+// binary. From the moment it can be seen, no create is answered 201:
+// creates get 503 storage_tampered, /healthz says so, and one ERROR line.
+// A -wal that was deleted or replaced is still the one SQLite holds open,
+// and is saved into the database file first: after the kill and a
+// restart, every acknowledged pet is there.
+func TestWALTamperedUnderTheService(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		tamper func(wal string) error
+		saved  bool
+	}{
+		{"deleted", os.Remove, true},
+		{"replaced", func(wal string) error {
+			if err := os.WriteFile(wal+".new", nil, 0o600); err != nil {
+				return err
+			}
+			return os.Rename(wal+".new", wal)
+		}, true},
+		{"emptied in place", func(wal string) error { return os.Truncate(wal, 0) }, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			db := filepath.Join(t.TempDir(), "pets.db")
+			logs := &syncBuffer{}
+			base, cmd := startBinary(t, nil, []string{"-db", db}, logs)
+			var mu sync.Mutex
+			acked := map[int64]bool{}
+			tampered := false
+			ackedAfter := 0
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						mu.Lock()
+						if r.status == 201 {
+							var p Pet
+							json.Unmarshal(r.body, &p)
+							acked[p.ID] = true
+							if tampered {
+								ackedAfter++
+							}
+						}
+						mu.Unlock()
+					}
+				}()
+			}
+			count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
+			waitFor(t, patience, "200 creates", func() bool { return count() >= 200 })
+			if err := tt.tamper(db + "-wal"); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, patience, "creates to be refused", func() bool {
+				return send(t, "POST", base+"/v1/pets", testKey, newPetBody).status == 503
+			})
+			mu.Lock()
+			tampered = true // from here on the fault is known: not one more 201
+			mu.Unlock()
+			time.Sleep(500 * time.Millisecond)
+			close(stop)
+			wg.Wait()
+			if ackedAfter != 0 {
+				t.Errorf("%d creates answered 201 after the -wal was seen %s", ackedAfter, tt.name)
+			}
+			want := errBody(503, codeStorageTampered, faultWALGone.message())
+			checkReply(t, send(t, "POST", base+"/v1/pets", testKey, newPetBody), 503, map[string]string{"Retry-After": "60"}, want)
+			checkReply(t, send(t, "GET", base+"/healthz", "", ""), 503, map[string]string{"Retry-After": "60"}, want)
+			if n := countLines(logs, `level=ERROR msg="the database's -wal file was deleted, replaced or cut short`); n != 1 {
+				t.Errorf("%d ERROR lines, want 1:\n%s", n, logs)
+			}
+
+			cmd.Process.Kill()
+			cmd.Wait()
+			if !tt.saved {
+				return // its frames are gone: what is left is the file's
+			}
+			base, _ = startBinary(t, nil, []string{"-db", db}, nil)
+			stored := map[int64]bool{}
+			for _, p := range walkCatalogue(t, func(path string) reply { return send(t, "GET", base+path, testKey, "") }) {
+				stored[p.ID] = true
+			}
+			lost := 0
+			for id := range acked {
+				if !stored[id] {
+					lost++
+				}
+			}
+			if lost != 0 {
+				t.Errorf("%d of %d acknowledged pets lost after the kill", lost, len(acked))
+			}
+			t.Logf("-wal %s: %d creates acknowledged, all there after a SIGKILL and a restart", tt.name, len(acked))
+		})
+	}
+}

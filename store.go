@@ -270,6 +270,7 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	if err := openAll(readers, n); err != nil {
 		return fail(err)
 	}
+	file.noteWAL()
 	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
 		return fail(err)
 	}

@@ -200,6 +200,9 @@ func (s *petStore) writeLoop(w *batchWriter) {
 				s.startLoad(whyRetry)
 			}
 		case <-tick.C:
+			// Also when idle, a file deleted or replaced under the service
+			// is seen within a second.
+			s.checkFile(w)
 			if s.storage.faults.current() != nil || s.storage.replaced.Load() != nil {
 				s.probeWrite(&w)
 			}
@@ -326,17 +329,21 @@ func (e *refusedError) Error() string { return "the database refused this pet: "
 // next start and corrupt it.
 func (s *petStore) checkFile(w *batchWriter) error {
 	if s.storage.replaced.Load() == nil {
-		if err := s.file.checkStillThere(); err != nil {
-			if !s.markReplaced(err) {
-				return err // not a replacement: stat itself failed
-			}
+		err := s.file.checkStillThere()
+		if err == nil {
+			err, w.walCutShort = s.file.checkWAL()
+		}
+		if err != nil && !s.markReplaced(err) {
+			return err // not a replacement: stat itself failed
 		}
 	}
 	r := s.storage.replaced.Load()
 	if r == nil {
 		return nil
 	}
-	if !w.walEmptied {
+	// A -wal cut short lost its frames: a checkpoint would read past its
+	// end. Any other is still the one SQLite holds open, whole.
+	if !w.walEmptied && !w.walCutShort {
 		w.walEmptied = w.truncateWAL() // else tried again at the next check
 	}
 	return r
@@ -386,6 +393,7 @@ type batchWriter struct {
 	beginTx, commitTx, rollTx *sql.Stmt
 	beginRead, changes, after *sql.Stmt
 	walEmptied                bool          // after the file was replaced
+	walCutShort               bool          // the -wal lost frames
 	dataVersion               int64         // PRAGMA data_version when last asked
 	busyTimeout               time.Duration // the connection's busy_timeout now
 }
