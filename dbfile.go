@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 )
@@ -37,6 +38,8 @@ type dbFile struct {
 	// The -wal file as SQLite opened it, and its -shm (see checkWAL).
 	walID fileID
 	shm   *os.File
+	// markedForCheck: the -check mark is on disk (see markForCheck).
+	markedForCheck atomic.Bool
 }
 
 // openDBFile opens the database file at path, creating it private to the
@@ -117,6 +120,26 @@ func (d *dbFile) unreadable() bool {
 	var page [512]byte
 	_, err := d.f.ReadAt(page[:], 0)
 	return errors.Is(err, syscall.EIO)
+}
+
+// checkMark is the file whose presence makes a start run a full
+// integrity_check before it takes creates: left after an I/O error.
+func (d *dbFile) checkMark() string { return d.path + "-check" }
+
+// markForCheck leaves the check mark, once; on storage that fails it may
+// not be written, and is tried again at the next call.
+func (d *dbFile) markForCheck() {
+	if d.markedForCheck.Load() {
+		return
+	}
+	err := os.WriteFile(d.checkMark(), []byte("petstore: a write or an fsync failed with an I/O error; the next start runs integrity_check before it takes creates\n"), 0o600)
+	if err == nil {
+		err = syncPath(d.checkMark())
+	}
+	if err == nil {
+		err = syncPath(filepath.Dir(d.path))
+	}
+	d.markedForCheck.Store(err == nil)
 }
 
 // noteWAL records the -wal file SQLite has open, and keeps its -shm open

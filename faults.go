@@ -71,6 +71,8 @@ func (k faultKind) retryAfter() string {
 		return "1"
 	case faultDamaged, faultReplaced, faultWentBack, faultWALGone:
 		return "60"
+	case faultIO:
+		return "60" // refused until a restart: a failed fsync is not retried
 	}
 	return "5"
 }
@@ -109,8 +111,11 @@ func classifyFault(err error) (faultKind, bool) {
 	var sqliteErr sqlite3.Error
 	if errors.As(err, &sqliteErr) {
 		// The system's errno says more than SQLite's code: a write refused
-		// for an immutable file is SQLITE_IOERR_WRITE with EPERM.
-		if kind, ok := classifyErrno(sqliteErr.SystemErrno); ok {
+		// for an immutable file is SQLITE_IOERR_WRITE with EPERM. But a
+		// failed fsync is an I/O fault whatever its errno: ENOSPC from a
+		// thin-provisioned volume means written pages were dropped.
+		fsync := sqliteErr.ExtendedCode == sqlite3.ErrIoErrFsync || sqliteErr.ExtendedCode == sqlite3.ErrIoErrDirFsync
+		if kind, ok := classifyErrno(sqliteErr.SystemErrno); ok && !fsync {
 			return kind, true
 		}
 		switch sqliteErr.Code {
@@ -177,6 +182,11 @@ type storeHealth struct {
 	// replaced is set once the path no longer names the opened file; it
 	// lasts until restart.
 	replaced atomic.Pointer[storageError]
+	// ioFailed is set once a write or an fsync failed with an I/O error:
+	// the kernel may have dropped pages it had taken, and report success
+	// on the next fsync, so it is not retried; it lasts until restart,
+	// and the next start checks the whole file first (checkMarker).
+	ioFailed atomic.Pointer[storageError]
 	// wentBack is set once the file no longer holds pets the service
 	// held (see view.checkWentBack); it lasts until restart.
 	wentBack atomic.Pointer[storageError]
@@ -263,6 +273,9 @@ func (s *petStore) health(ctx context.Context) error {
 		return r
 	}
 	if r := s.storage.wentBack.Load(); r != nil {
+		return r
+	}
+	if r := s.storage.ioFailed.Load(); r != nil {
 		return r
 	}
 	if d := s.storage.damage.Load(); d != nil {
@@ -362,6 +375,20 @@ func (s *petStore) markReplaced(err error) bool {
 		"restore from the replica or a backup (README: Outside writes, restores and replicas)",
 		"db", s.file.path, "err", se.err.Error())
 	return true
+}
+
+// markIOFailed records, once, that a write or an fsync failed with an
+// I/O error, says what to do, and leaves the mark that makes the next
+// start check the file (tried again each second while it cannot be
+// written).
+func (s *petStore) markIOFailed(err error) {
+	se := &storageError{kind: faultIO, err: rootCause(err)}
+	if s.storage.ioFailed.CompareAndSwap(nil, se) {
+		s.log.Error("a write or an fsync failed with an I/O error: the kernel may have dropped pages it had taken, so creates are refused "+
+			"until a restart; check the storage (dmesg), then restart: the next start checks the whole file (integrity_check) before it takes creates",
+			"db", s.file.path, "err", se.err.Error())
+	}
+	s.file.markForCheck()
 }
 
 // readFault classifies a read error: damage is recorded, another storage

@@ -298,13 +298,67 @@ func TestFailingStorage(t *testing.T) {
 		t.Fatalf("shut down ext4: %v", errno)
 	}
 	d.Close()
+	// An I/O error is not retried: refused until a restart.
 	ioBody := errBody(503, codeUnavailable, faultIO.message())
 	for range 200 {
-		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "5"}, ioBody)
+		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, ioBody)
 	}
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, ioBody)
-	if n := countLines(logs, `level=ERROR`); n != 1 {
-		t.Errorf("200 refused creates logged %d error lines, want 1:\n%s", n, logs)
+	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, ioBody)
+	if n := countLines(logs, `level=ERROR msg="a write or an fsync failed with an I/O error`); n != 1 || countLines(logs, `level=ERROR`) != 1 {
+		t.Errorf("200 refused creates logged %d error lines, want the one that says to restart:\n%s", countLines(logs, `level=ERROR`), logs)
+	}
+	if n := countLines(logs, `msg="storage fault cleared"`); n != 0 {
+		t.Errorf("the I/O fault was cleared %d times:\n%s", n, logs)
+	}
+}
+
+// damagePage writes garbage over every seventh page of a database file
+// from the fourth on, as failing storage might.
+func damagePage(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fi, _ := f.Stat()
+	garbage := []byte(strings.Repeat("\xde\xad\xbe\xef", 1024))
+	for page := int64(4); page*4096 < fi.Size()-4096; page += 7 {
+		f.WriteAt(garbage, page*4096)
+	}
+}
+
+// TestCheckAfterIOError starts on files that the last run left marked
+// after an I/O error: a sound file passes a full integrity_check before
+// creates are taken, and loses the mark; a damaged one is served for
+// reading, with creates refused.
+func TestCheckAfterIOError(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "pets.db")
+	preloadPets(t, path, 5000)
+	os.WriteFile(path+"-check", []byte("mark\n"), 0o600)
+	srv, s, logs := newLoggedServer(t, path, storeOptions{})
+	if n := countLines(logs, `level=INFO msg="the file passed integrity_check after the I/O error the last run met; creates are taken"`); n != 1 {
+		t.Errorf("no line for the check:\n%s", logs)
+	}
+	if _, err := os.Stat(path + "-check"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the mark is still there: %v", err)
+	}
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 201, nil, `{"id":5001,"name":"Rex","categoryId":1,"status":"available"}`)
+	srv.Close()
+	s.close()
+
+	// Damage a page of the pets table's index, and mark the file again.
+	damagePage(t, path)
+	os.WriteFile(path+"-check", []byte("mark\n"), 0o600)
+	srv, _, logs = newLoggedServer(t, path, storeOptions{})
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"},
+		errBody(503, codeUnavailable, faultDamaged.message()))
+	if n := countLines(logs, `level=ERROR msg="database file is damaged`); n != 1 {
+		t.Errorf("%d damage lines, want 1:\n%s", n, logs)
+	}
+	if _, err := os.Stat(path + "-check"); err != nil {
+		t.Errorf("the mark of a damaged file was removed: %v", err)
 	}
 }
 
@@ -461,16 +515,7 @@ func (r *errorRecorder) Errorf(format string, args ...any) {
 func TestDamagedFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	preloadPets(t, path, 5000)
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fi, _ := f.Stat()
-	garbage := []byte(strings.Repeat("\xde\xad\xbe\xef", 1024))
-	for page := int64(4); page*4096 < fi.Size()-4096; page += 7 {
-		f.WriteAt(garbage, page*4096)
-	}
-	f.Close()
+	damagePage(t, path)
 
 	srv, _, logs := newLoggedServer(t, path, storeOptions{})
 	waitFor(t, patience, "health to report the damage", func() bool {

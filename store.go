@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/mattn/go-sqlite3"
 	// also registers the "sqlite3" driver
@@ -274,6 +275,9 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
 		return fail(err)
 	}
+	if err := s.checkAfterIOError(); err != nil {
+		return fail(err)
+	}
 	w, err := newBatchWriter(writer)
 	if err != nil {
 		return fail(err)
@@ -296,6 +300,31 @@ func readOnlyStartError(path string, err error) error {
 	}
 	return fmt.Errorf("the database file or its filesystem is read-only, and to open it SQLite must %s (%v): "+
 		"make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)", need, err)
+}
+
+// checkAfterIOError runs a full integrity_check when the last run left
+// the check mark after an I/O error, before the writer takes a create: a
+// file found damaged is served for reading, creates refused; a sound one
+// loses the mark.
+func (s *petStore) checkAfterIOError() error {
+	if _, err := os.Stat(s.file.checkMark()); err != nil {
+		return nil
+	}
+	start := time.Now()
+	var result string
+	if err := s.readers.QueryRow("PRAGMA integrity_check(1)").Scan(&result); err != nil {
+		if kind, ok := classifyFault(err); !ok || kind != faultDamaged {
+			return fmt.Errorf("integrity_check after an I/O error: %w", err)
+		}
+		result = err.Error()
+	}
+	if result != "ok" {
+		s.markDamaged("integrity_check after an I/O error: " + result)
+		return nil
+	}
+	s.log.Info("the file passed integrity_check after the I/O error the last run met; creates are taken",
+		"db", s.file.path, "took", time.Since(start).Round(time.Millisecond).String())
+	return os.Remove(s.file.checkMark())
 }
 
 // readHeader reads the 100-byte header of a SQLite file.

@@ -219,7 +219,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	refuse := func(err error) {
 		kind, _ := classifyFault(err)
-		if kind != faultReplaced && kind != faultDamaged && kind != faultWentBack {
+		if kind != faultReplaced && kind != faultDamaged && kind != faultWentBack && (kind != faultIO || s.storage.ioFailed.Load() == nil) {
 			s.storage.faults.failed(kind, err, len(batch))
 		}
 		for _, r := range batch {
@@ -235,6 +235,11 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		return
 	}
 	if r := s.storage.wentBack.Load(); r != nil {
+		refuse(r)
+		return
+	}
+	if r := s.storage.ioFailed.Load(); r != nil {
+		s.file.markForCheck()
 		refuse(r)
 		return
 	}
@@ -283,8 +288,11 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		return
 	}
 	if kind, ok := s.classify(err); ok {
-		if kind == faultDamaged {
+		switch kind {
+		case faultDamaged:
 			s.markDamaged(err.Error())
+		case faultIO:
+			s.markIOFailed(err)
 		}
 		refuse(&storageError{kind: kind, err: rootCause(err)})
 		return
