@@ -383,12 +383,17 @@ func (s *petStore) markReplaced(err error) bool {
 // written).
 func (s *petStore) markIOFailed(err error) {
 	se := &storageError{kind: faultIO, err: rootCause(err)}
-	if s.storage.ioFailed.CompareAndSwap(nil, se) {
-		s.log.Error("a write or an fsync failed with an I/O error: the kernel may have dropped pages it had taken, so creates are refused "+
-			"until a restart; check the storage (dmesg), then restart: the next start checks the whole file (integrity_check) before it takes creates",
-			"db", s.file.path, "err", se.err.Error())
-	}
 	s.file.markForCheck()
+	if !s.storage.ioFailed.CompareAndSwap(nil, se) {
+		return
+	}
+	then := "the next start checks the whole file (integrity_check) before it takes creates"
+	if !s.file.markedForCheck.Load() {
+		then = "the mark that makes the next start check the whole file could not be written (" + s.file.checkMark() +
+			"), so run sqlite3 " + s.file.path + " 'PRAGMA integrity_check' before you start it again"
+	}
+	s.log.Error("a write or an fsync failed with an I/O error: the kernel may have dropped pages it had taken, so creates are refused "+
+		"until a restart; check the storage (dmesg), then restart: "+then, "db", s.file.path, "err", se.err.Error())
 }
 
 // readFault classifies a read error: damage is recorded, another storage
