@@ -890,3 +890,73 @@ func TestThinVolumeRunsOut(t *testing.T) {
 	}
 	t.Logf("thin volume: %d creates acknowledged before the backing store ran out, %d refused after, 0 lost, integrity ok", len(acked), refused)
 }
+
+// TestDatabaseOverwrittenInPlace copies another file over the live
+// database, as cp does (same inode, new bytes), while clients create:
+// from the moment it can be seen no create is answered 201; creates get
+// 503 storage_tampered, /healthz says so, and one ERROR line says to
+// restore. Writes through SQLite from another connection, checkpoints
+// included, are not mistaken for it.
+func TestDatabaseOverwrittenInPlace(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		file func(t *testing.T, db string) []byte
+	}{
+		{"an older backup of the same catalogue", func(t *testing.T, db string) []byte {
+			backup := filepath.Join(t.TempDir(), "older.db")
+			if _, err := backupDatabase(context.Background(), db, backup); err != nil {
+				t.Fatal(err)
+			}
+			b, _ := os.ReadFile(backup)
+			return b
+		}},
+		{"another application's file", func(t *testing.T, db string) []byte {
+			other := filepath.Join(t.TempDir(), "other.db")
+			o, _ := sql.Open("sqlite3", other)
+			o.Exec("PRAGMA application_id = 42")
+			o.Exec("CREATE TABLE notes (text TEXT)")
+			o.Close()
+			b, _ := os.ReadFile(other)
+			return b
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			db := filepath.Join(t.TempDir(), "pets.db")
+			logs := &syncBuffer{}
+			base, _ := startBinary(t, nil, []string{"-db", db}, logs)
+			for range 50 {
+				if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
+					t.Fatalf("create: %d %s", r.status, r.body)
+				}
+			}
+			content := tt.file(t, db)
+			// Writes through SQLite, a checkpoint among them, are the
+			// file's own.
+			other, err := sql.Open("sqlite3", "file:"+db+"?_busy_timeout=5000")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range []string{"INSERT INTO pets (name, category_id, status) VALUES ('By hand', 1, 'sold')",
+				"PRAGMA wal_checkpoint(TRUNCATE)", "UPDATE pets SET name = 'Renamed' WHERE id = 3"} {
+				if _, err := other.Exec(q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			other.Close()
+			for range 20 {
+				if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
+					t.Fatalf("create after writes through SQLite: %d %s", r.status, r.body)
+				}
+			}
+			if err := os.WriteFile(db, content, 0o600); err != nil { // in place, as cp
+				t.Fatal(err)
+			}
+			want := errBody(503, codeStorageTampered, faultOverwritten.message())
+			checkReply(t, send(t, "POST", base+"/v1/pets", testKey, newPetBody), 503, map[string]string{"Retry-After": "60"}, want)
+			checkReply(t, send(t, "GET", base+"/healthz", "", ""), 503, map[string]string{"Retry-After": "60"}, want)
+			if n := countLines(logs, `level=ERROR msg="the database file was written in place by another program`); n != 1 {
+				t.Errorf("%d ERROR lines, want 1:\n%s", n, logs)
+			}
+		})
+	}
+}
