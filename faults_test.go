@@ -595,48 +595,33 @@ func TestFrozenCommitIsAnswered(t *testing.T) {
 	acked := map[int64]bool{}
 	answers := map[int]int{}
 	cutOff := 0
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
-				mu.Lock()
-				switch {
-				case err != nil:
-					cutOff++
-				case r.status == 201:
-					var p Pet
-					json.Unmarshal(r.body, &p)
-					acked[p.ID] = true
-				}
-				if err == nil {
-					answers[r.status]++
-				}
-				mu.Unlock()
-			}
-		}()
-	}
+	stop := inLoops(8, func() {
+		r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err != nil:
+			cutOff++
+		case r.status == 201:
+			var p Pet
+			json.Unmarshal(r.body, &p)
+			acked[p.ID] = true
+		}
+		if err == nil {
+			answers[r.status]++
+		}
+	})
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
 	waitFor(t, patience, "50 creates before the freeze", func() bool { return count() >= 50 })
 	if out, err := exec.Command(fsfreeze, "-f", dir).CombinedOutput(); err != nil {
-		close(stop)
-		wg.Wait()
+		stop()
 		t.Fatalf("fsfreeze: %v: %s", err, out)
 	}
 	time.Sleep(6 * time.Second)
 	exec.Command(fsfreeze, "-u", dir).Run()
 	before := count()
 	waitFor(t, patience, "50 creates after the thaw", func() bool { return count() >= before+50 })
-	close(stop)
-	wg.Wait()
+	stop()
 
 	if cutOff != 0 {
 		t.Errorf("%d creates were cut off without an answer", cutOff)
@@ -726,36 +711,23 @@ func TestWALTamperedUnderTheService(t *testing.T) {
 			acked := map[int64]bool{}
 			tampered := false
 			ackedAfter := 0
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			for range 4 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						mu.Lock()
-						if r.status == 201 {
-							var p Pet
-							json.Unmarshal(r.body, &p)
-							acked[p.ID] = true
-							if tampered {
-								ackedAfter++
-							}
-						}
-						mu.Unlock()
+			stop := inLoops(4, func() {
+				r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if r.status == 201 {
+					var p Pet
+					json.Unmarshal(r.body, &p)
+					acked[p.ID] = true
+					if tampered {
+						ackedAfter++
 					}
-				}()
-			}
+				}
+			})
 			count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
 			waitFor(t, patience, "200 creates", func() bool { return count() >= 200 })
 			if err := tt.tamper(db + "-wal"); err != nil {
@@ -768,8 +740,7 @@ func TestWALTamperedUnderTheService(t *testing.T) {
 			tampered = true // from here on the fault is known: not one more 201
 			mu.Unlock()
 			time.Sleep(500 * time.Millisecond)
-			close(stop)
-			wg.Wait()
+			stop()
 			if ackedAfter != 0 {
 				t.Errorf("%d creates answered 201 after the -wal was seen %s", ackedAfter, tt.name)
 			}

@@ -623,3 +623,25 @@ func startBinary(t testing.TB, wrap, args []string, stderr io.Writer) (base stri
 	}
 	return "", nil
 }
+
+// inLoops runs work in n goroutines, each calling it again and again
+// until the returned stop is called; stop waits for the calls under way.
+func inLoops(n int, work func()) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				work()
+			}
+		}()
+	}
+	return sync.OnceFunc(func() { close(done); wg.Wait() })
+}

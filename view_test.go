@@ -273,51 +273,38 @@ func TestCatalogueWentBack(t *testing.T) {
 	twice := 0
 	refusedWentBack := make(chan struct{})
 	var once sync.Once
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	for c := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				name := fmt.Sprintf("Client %d pet %d", c, i)
-				r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":3}`})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				switch {
-				case r.status == 201:
-					var p Pet
-					json.Unmarshal(r.body, &p)
-					mu.Lock()
-					if prev, ok := acked[p.ID]; ok && prev != name {
-						twice++
-					}
-					acked[p.ID] = name
-					mu.Unlock()
-				case r.status == 503 && bytes.Contains(r.body, []byte(codeAcknowledgedPetsMissing)):
-					once.Do(func() { close(refusedWentBack) })
-				default:
-					t.Errorf("create: %d %s", r.status, r.body)
-				}
+	var n atomic.Int64
+	stop := inLoops(4, func() {
+		name := fmt.Sprintf("Client pet %d", n.Add(1))
+		r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":3}`})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		switch {
+		case r.status == 201:
+			var p Pet
+			json.Unmarshal(r.body, &p)
+			mu.Lock()
+			if prev, ok := acked[p.ID]; ok && prev != name {
+				twice++
 			}
-		}()
-	}
+			acked[p.ID] = name
+			mu.Unlock()
+		case r.status == 503 && bytes.Contains(r.body, []byte(codeAcknowledgedPetsMissing)):
+			once.Do(func() { close(refusedWentBack) })
+		default:
+			t.Errorf("create: %d %s", r.status, r.body)
+		}
+	})
 	time.Sleep(200 * time.Millisecond)
 	restoreUnder(t, older, path)
 	select {
 	case <-refusedWentBack:
-	case <-time.After(60 * time.Second):
+	case <-time.After(patience):
 		t.Error("creates were not refused after the restore")
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	if twice != 0 {
 		t.Errorf("%d ids were acknowledged twice, to different pets", twice)
 	}
@@ -394,29 +381,15 @@ func TestLoadCatchesUpItsOwnCreates(t *testing.T) {
 	preloadPets(t, path, n)
 	_, s, logs := newLoggedServer(t, path, storeOptions{})
 	var created atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: "During", CategoryID: 1, Status: "sold"}}); err != nil {
-					t.Error(err)
-					return
-				}
-				created.Add(1)
-			}
-		}()
-	}
+	stop := inLoops(64, func() {
+		if _, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: "During", CategoryID: 1, Status: "sold"}}); err != nil {
+			t.Error(err)
+			return
+		}
+		created.Add(1)
+	})
 	waitFor(t, patience, "the view to load", func() bool { return s.view.published.Load() != nil })
-	close(stop)
-	wg.Wait()
+	stop()
 	if c := s.view.published.Load(); len(c.ids) != n+int(created.Load()) {
 		t.Errorf("the view holds %d pets, want %d preloaded + %d created", len(c.ids), n, created.Load())
 	}

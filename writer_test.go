@@ -158,22 +158,7 @@ func TestWALIsBounded(t *testing.T) {
 // went back. An insert that gets an id at or below the highest the
 // service has held rolls its whole transaction back.
 func TestWriterRefusesAnIDHeldBefore(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "pets.db")
-	s, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.close()
-	db, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	w, err := newBatchWriter(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.close()
+	w, db := newTestBatchWriter(t)
 	request := func(name string) *writeRequest {
 		return &writeRequest{ctx: context.Background(), done: make(chan writeResult, 1),
 			req: createRequest{pet: NewPet{Name: name, CategoryID: 1, Status: "sold"}}}
@@ -261,27 +246,12 @@ func TestOneRefusedCreateSparesItsBatch(t *testing.T) {
 // transaction (its ROLLBACK failed) would fail every later BEGIN, and so
 // every create; the next transaction rolls it back first.
 func TestWriterLeavesAStuckTransaction(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "pets.db")
-	s, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.close()
-	db, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	w, err := newBatchWriter(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.close()
+	w, db := newTestBatchWriter(t)
 	ctx := context.Background()
 	if _, err := w.conn.ExecContext(ctx, "BEGIN"); err != nil {
 		t.Fatal(err)
 	}
-	err = w.inTx(ctx, func() error {
+	err := w.inTx(ctx, func() error {
 		_, _, err := w.insertPet(ctx, createRequest{pet: NewPet{Name: "After", CategoryID: 1, Status: "sold"}})
 		return err
 	})
@@ -292,4 +262,27 @@ func TestWriterLeavesAStuckTransaction(t *testing.T) {
 	if err := db.QueryRow("SELECT count(*) FROM pets WHERE name = 'After'").Scan(&n); err != nil || n != 1 {
 		t.Errorf("%d pets stored (%v), want 1", n, err)
 	}
+}
+
+// newTestBatchWriter opens a batch writer on a new petstore file of its
+// own, with no store around it.
+func newTestBatchWriter(t *testing.T) (*batchWriter, *sql.DB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "pets.db")
+	s, err := openStore(path, storeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.close()
+	db, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	w, err := newBatchWriter(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.close)
+	return w, db
 }
