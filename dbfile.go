@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"syscall"
-	"time"
 )
 
 // fileID is a file's identity: the same path can name another file later.
@@ -39,13 +38,6 @@ type dbFile struct {
 	// The -wal file as SQLite opened it, and its -shm (see checkWAL).
 	walID fileID
 	shm   *os.File
-	// seen is the file as last checked (see checkOverwritten).
-	seen struct {
-		modTime    time.Time
-		size       int64
-		checkpoint [40]byte
-		ok         bool
-	}
 	// markedForCheck: the -check mark is on disk (see markForCheck).
 	markedForCheck atomic.Bool
 }
@@ -191,35 +183,6 @@ func (d *dbFile) checkWAL() (err error, cutShort bool) {
 		return gone("%s-wal holds %d bytes, but SQLite's index says %d were written to it", d.path, fi.Size(), written), true
 	}
 	return nil, false
-}
-
-// checkOverwritten returns a faultOverwritten storageError once the
-// database file was written by something other than a checkpoint: its
-// size or time changed while SQLite's record of checkpoints (the WAL's
-// salts and how many of its frames were copied back, in -shm) did not.
-// Only a checkpoint writes to a WAL database's file; a cp over it writes
-// pages that its -wal does not match.
-func (d *dbFile) checkOverwritten() error {
-	if d.shm == nil {
-		return nil
-	}
-	fi, err := d.f.Stat()
-	if err != nil {
-		return &storageError{kind: faultIO, err: err}
-	}
-	var h [136]byte
-	if _, err := d.shm.ReadAt(h[:], 0); err != nil {
-		return nil
-	}
-	var checkpoint [40]byte
-	copy(checkpoint[:8], h[32:40])  // the WAL's salts: new after a reset
-	copy(checkpoint[8:], h[96:128]) // nBackfill and the read marks
-	changed := !fi.ModTime().Equal(d.seen.modTime) || fi.Size() != d.seen.size
-	if d.seen.ok && changed && checkpoint == d.seen.checkpoint {
-		return &storageError{kind: faultOverwritten, err: fmt.Errorf("%s changed (size %d to %d bytes) with no checkpoint", d.path, d.seen.size, fi.Size())}
-	}
-	d.seen.modTime, d.seen.size, d.seen.checkpoint, d.seen.ok = fi.ModTime(), fi.Size(), checkpoint, true
-	return nil
 }
 
 // walWritten reads from the -shm file how many bytes of the -wal hold

@@ -30,12 +30,11 @@ const (
 	faultIO
 	faultLocked
 	faultNotAnswering
-	faultTimedOut    // a create that could not be committed before its deadline
-	faultDamaged     // lasts until the file is restored and the service restarted
-	faultReplaced    // lasts until the service is restarted
-	faultWentBack    // the file lost pets it held; lasts until restart
-	faultWALGone     // the -wal file deleted, replaced or cut short; lasts until restart
-	faultOverwritten // the database file written in place by another program; lasts until restart
+	faultTimedOut // a create that could not be committed before its deadline
+	faultDamaged  // lasts until the file is restored and the service restarted
+	faultReplaced // lasts until the service is restarted
+	faultWentBack // the file lost pets it held; lasts until restart
+	faultWALGone  // the -wal file deleted, replaced or cut short; lasts until restart
 )
 
 // message says what is wrong, starting with the short name of the failing
@@ -56,8 +55,6 @@ func (k faultKind) message() string {
 		return "file replaced: the database file was deleted or replaced while the service ran; the service must be restarted"
 	case faultTimedOut:
 		return "timed out: the pet could not be committed before the write timeout, so it was not stored"
-	case faultOverwritten:
-		return "file overwritten: the database file was written in place by another program under the running service (a cp over it), so no pet can be stored safely; restore it with petstore restore, then restart"
 	case faultWALGone:
 		return "WAL tampered: the database's -wal file was deleted, replaced or cut short under the running service, so no pet can be stored safely; the service must be restarted"
 	case faultWentBack:
@@ -72,7 +69,7 @@ func (k faultKind) retryAfter() string {
 	switch k {
 	case faultLocked, faultNotAnswering, faultTimedOut:
 		return "1"
-	case faultDamaged, faultReplaced, faultWentBack, faultWALGone, faultOverwritten:
+	case faultDamaged, faultReplaced, faultWentBack, faultWALGone:
 		return "60"
 	case faultIO:
 		return "60" // refused until a restart: a failed fsync is not retried
@@ -87,7 +84,7 @@ func (k faultKind) code() string {
 	switch k {
 	case faultWentBack:
 		return codeAcknowledgedPetsMissing
-	case faultWALGone, faultOverwritten:
+	case faultWALGone:
 		return codeStorageTampered
 	}
 	return codeUnavailable
@@ -361,17 +358,10 @@ func (s *petStore) probe(ctx context.Context) error {
 // such a replacement.
 func (s *petStore) markReplaced(err error) bool {
 	var se *storageError
-	if !errors.As(err, &se) || se.kind != faultReplaced && se.kind != faultWALGone && se.kind != faultOverwritten {
+	if !errors.As(err, &se) || se.kind != faultReplaced && se.kind != faultWALGone {
 		return false
 	}
 	if !s.storage.replaced.CompareAndSwap(nil, se) {
-		return true
-	}
-	if se.kind == faultOverwritten {
-		s.log.Error("the database file was written in place by another program under the running service (a cp over it): creates are refused from now on; "+
-			"do not restart on this file, whose pages no longer match its -wal: stop the service and put the file back with petstore restore "+
-			"from the replica or a backup, which removes the stale -wal and -shm (README: Backups and restore)",
-			"db", s.file.path, "err", se.err.Error())
 		return true
 	}
 	if se.kind == faultReplaced {

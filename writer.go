@@ -339,13 +339,7 @@ func (s *petStore) checkFile(w *batchWriter) error {
 	if s.storage.replaced.Load() == nil {
 		err := s.file.checkStillThere()
 		if err == nil {
-			err, w.noCheckpoint = s.file.checkWAL()
-		}
-		if err == nil {
-			err = s.file.checkOverwritten()
-			// Checkpointing now would write this file's WAL pages into
-			// another file.
-			w.noCheckpoint = err != nil
+			err, w.walCutShort = s.file.checkWAL()
 		}
 		if err != nil && !s.markReplaced(err) {
 			return err // not a replacement: stat itself failed
@@ -356,9 +350,8 @@ func (s *petStore) checkFile(w *batchWriter) error {
 		return nil
 	}
 	// A -wal cut short lost its frames: a checkpoint would read past its
-	// end; nor may one write into a database file overwritten by another.
-	// Any other -wal is still the one SQLite holds open, whole.
-	if !w.walEmptied && !w.noCheckpoint {
+	// end. Any other is still the one SQLite holds open, whole.
+	if !w.walEmptied && !w.walCutShort {
 		w.walEmptied = w.truncateWAL() // else tried again at the next check
 	}
 	return r
@@ -408,7 +401,7 @@ type batchWriter struct {
 	beginTx, commitTx, rollTx *sql.Stmt
 	beginRead, changes, after *sql.Stmt
 	walEmptied                bool          // after the file was replaced
-	noCheckpoint              bool          // the -wal lost frames, or the file is another's
+	walCutShort               bool          // the -wal lost frames
 	dataVersion               int64         // PRAGMA data_version when last asked
 	busyTimeout               time.Duration // the connection's busy_timeout now
 }
