@@ -128,16 +128,18 @@ func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) 
 	return removed, nil
 }
 
-// snapshotTop is the highest pet id in a snapshot, or -1 if it cannot be
-// read as a petstore file.
+// snapshotTop is the highest pet id a snapshot holds or has handed out,
+// or -1 if it cannot be read as a petstore file.
 func snapshotTop(path string) int64 {
 	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
 	if err != nil {
 		return -1
 	}
 	defer db.Close()
+	// topIDQuery reads sqlite_sequence too, which pets deleted by hand do
+	// not lower.
 	var top int64
-	if err := db.QueryRow("SELECT coalesce(max(id), 0) FROM pets").Scan(&top); err != nil {
+	if err := db.QueryRow(topIDQuery).Scan(&top); err != nil {
 		return -1
 	}
 	return top
@@ -278,32 +280,37 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 		return 0, fmt.Errorf("%w; stop it before restoring", err)
 	}
 	defer old.close()
-	src, err := os.Open(from)
-	if err != nil {
-		return 0, err
-	}
-	defer src.Close()
+	// The copy is written by SQLite from the backup as SQLite reads it,
+	// its -wal included (a backup left by a killed service has one), then
+	// checked and counted itself.
 	tmp, err := os.CreateTemp(filepath.Dir(db), "."+filepath.Base(db)+".restore-*")
 	if err != nil {
 		return 0, err
 	}
-	defer os.Remove(tmp.Name())
-	_, err = io.Copy(tmp, src)
-	if err == nil {
-		err = tmp.Sync()
+	tmpPath := tmp.Name()
+	tmp.Close()
+	defer os.Remove(tmpPath)
+	src, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: from}).EscapedPath()+"?mode=ro")
+	if err != nil {
+		return 0, err
 	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
+	_, err = src.ExecContext(ctx, "VACUUM INTO ?", tmpPath)
+	src.Close()
 	if err != nil {
 		return 0, fmt.Errorf("copy the backup beside %s: %w", db, err)
+	}
+	if pets, err = checkBackup(ctx, tmpPath); err != nil {
+		return 0, err
+	}
+	if err := syncPath(tmpPath); err != nil {
+		return 0, err
 	}
 	for _, companion := range []string{db + "-wal", db + "-shm"} {
 		if err := os.Remove(companion); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return 0, err
 		}
 	}
-	if err := os.Rename(tmp.Name(), db); err != nil {
+	if err := os.Rename(tmpPath, db); err != nil {
 		return 0, err
 	}
 	return pets, syncPath(filepath.Dir(db))

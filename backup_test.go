@@ -295,12 +295,32 @@ func TestRestore(t *testing.T) {
 		unchanged("refused " + filepath.Base(tt.from))
 	}
 
-	out, err := restore(backup)
+	// A backup whose last pets are still in its -wal, as a killed
+	// service leaves it, is restored whole.
+	live := filepath.Join(dir, "live.db")
+	liveSrv, liveStore := newTestServerAt(t, live)
+	createPets(t, liveSrv, `{"name":"In the WAL","categoryId":1}`, `{"name":"In the WAL too","categoryId":1}`, `{"name":"And this","categoryId":1}`)
+	if fi, err := os.Stat(live + "-wal"); err != nil || fi.Size() == 0 {
+		t.Fatalf("the live file's -wal holds nothing: %v", err)
+	}
+	walDB := filepath.Join(dir, "from-wal.db")
+	var out bytes.Buffer
+	if err := run(ctx, []string{"petstore", "restore", "-db", walDB, "-from", live}, env, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := checkBackup(ctx, walDB); err != nil || n != 3 || !strings.Contains(out.String(), ": 3 pets, integrity ok") {
+		t.Errorf("restored from a file with a -wal: %d pets (%v), said %q; want all 3", n, err, out.String())
+	}
+	liveSrv.Close()
+	liveStore.close()
+
+	out2, err := restore(backup)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := fmt.Sprintf("restored %s to %s: 2 pets, integrity ok\n", backup, db); out != want {
-		t.Errorf("restore said %q, want %q", out, want)
+	outText := out2
+	if want := fmt.Sprintf("restored %s to %s: 2 pets, integrity ok\n", backup, db); outText != want {
+		t.Errorf("restore said %q, want %q", outText, want)
 	}
 	for _, companion := range []string{db + "-wal", db + "-shm"} {
 		if _, err := os.Stat(companion); !errors.Is(err, os.ErrNotExist) {
@@ -344,12 +364,25 @@ func TestSnapshotRetentionIgnoresTheClock(t *testing.T) {
 	snapshotAt(5, "petstore-20271122T030002Z.db")
 	snapshotAt(6, "petstore-20261120T030000Z.db")
 	snapshotAt(7, "petstore-20261121T030000Z.db")
-	snapshotAt(10, "petstore-20261122T030000Z.db")
+	snapshotAt(10, "petstore-20261121T120000Z.db")
+	// Pets deleted by hand do not make the fresh snapshots look old:
+	// what a snapshot has handed out counts, not only what it holds.
+	other, err := sql.Open("sqlite3", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec("DELETE FROM pets WHERE id > 2"); err != nil {
+		t.Fatal(err)
+	}
+	other.Close()
+	if _, err := backupDatabase(ctx, db, filepath.Join(snapshots, "petstore-20261122T030000Z.db")); err != nil {
+		t.Fatal(err)
+	}
 	removed, err := pruneSnapshots(snapshots, 3, "petstore-20261122T030000Z.db")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"petstore-20271122T030000Z.db", "petstore-20271122T030001Z.db", "petstore-20271122T030002Z.db"}
+	want := []string{"petstore-20271122T030000Z.db", "petstore-20271122T030001Z.db", "petstore-20271122T030002Z.db", "petstore-20261120T030000Z.db"}
 	if diff := cmp.Diff(want, removed); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)
 	}

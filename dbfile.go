@@ -167,6 +167,9 @@ func (d *dbFile) checkWAL() (err error, cutShort bool) {
 		d.noteWAL()
 		return nil, false
 	}
+	// SQLite's index is read before and after the file: a commit or a
+	// checkpoint of another process in between tells nothing.
+	indexBefore, okBefore := walWritten(d.shm)
 	gone := func(format string, args ...any) error {
 		return &storageError{kind: faultWALGone, err: fmt.Errorf(format, args...)}
 	}
@@ -179,7 +182,7 @@ func (d *dbFile) checkWAL() (err error, cutShort bool) {
 	case fileIDOf(fi) != d.walID:
 		return gone("%s-wal is now another file", d.path), false
 	}
-	if written, ok := walWritten(d.shm); ok && fi.Size() < written {
+	if written, ok := walWritten(d.shm); ok && okBefore && written == indexBefore && fi.Size() < written {
 		return gone("%s-wal holds %d bytes, but SQLite's index says %d were written to it", d.path, fi.Size(), written), true
 	}
 	return nil, false

@@ -219,7 +219,8 @@ func (s *petStore) writeLoop(w *batchWriter) {
 func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	refuse := func(err error) {
 		kind, _ := classifyFault(err)
-		if kind != faultReplaced && kind != faultDamaged && kind != faultWentBack && (kind != faultIO || s.storage.ioFailed.Load() == nil) {
+		// Faults that last until a restart are logged once, when marked.
+		if kind != faultReplaced && kind != faultWALGone && kind != faultDamaged && kind != faultWentBack && (kind != faultIO || s.storage.ioFailed.Load() == nil) {
 			s.storage.faults.failed(kind, err, len(batch))
 		}
 		for _, r := range batch {
