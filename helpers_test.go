@@ -625,8 +625,9 @@ func startBinary(t testing.TB, wrap, args []string, stderr io.Writer) (base stri
 }
 
 // inLoops runs work in n goroutines, each calling it again and again
-// until the returned stop is called; stop waits for the calls under way.
-func inLoops(n int, work func()) (stop func()) {
+// until the returned stop is called, or the test ends; stop waits for the
+// calls under way.
+func inLoops(t testing.TB, n int, work func()) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for range n {
@@ -643,5 +644,7 @@ func inLoops(n int, work func()) (stop func()) {
 			}
 		}()
 	}
-	return sync.OnceFunc(func() { close(done); wg.Wait() })
+	stop = sync.OnceFunc(func() { close(done); wg.Wait() })
+	t.Cleanup(stop)
+	return stop
 }

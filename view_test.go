@@ -274,7 +274,7 @@ func TestCatalogueWentBack(t *testing.T) {
 	refusedWentBack := make(chan struct{})
 	var once sync.Once
 	var n atomic.Int64
-	stop := inLoops(4, func() {
+	stop := inLoops(t, 4, func() {
 		name := fmt.Sprintf("Client pet %d", n.Add(1))
 		r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":3}`})
 		if err != nil {
@@ -381,7 +381,7 @@ func TestLoadCatchesUpItsOwnCreates(t *testing.T) {
 	preloadPets(t, path, n)
 	_, s, logs := newLoggedServer(t, path, storeOptions{})
 	var created atomic.Int64
-	stop := inLoops(64, func() {
+	stop := inLoops(t, 64, func() {
 		if _, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: "During", CategoryID: 1, Status: "sold"}}); err != nil {
 			t.Error(err)
 			return
