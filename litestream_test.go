@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -149,8 +150,6 @@ func TestLitestreamBesideALargeCatalogue(t *testing.T) {
 	var mu sync.Mutex
 	acked := map[int64]Pet{}
 	answers := map[string]int{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	client := &http.Client{Timeout: patience}
 	ask := func(kind, method, path, body string) *http.Response {
 		var rd io.Reader
@@ -169,19 +168,11 @@ func TestLitestreamBesideALargeCatalogue(t *testing.T) {
 		answers[fmt.Sprintf("%s %d", kind, resp.StatusCode/100*100)]++
 		return resp
 	}
+	// Each client numbers its own requests.
+	var stops []func()
 	worker := func(work func(i int)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				work(i)
-			}
-		}()
+		var n atomic.Int64
+		stops = append(stops, inLoops(t, 1, func() { work(int(n.Add(1) - 1)) }))
 	}
 	for c := range 2 {
 		worker(func(i int) {
@@ -216,8 +207,9 @@ func TestLitestreamBesideALargeCatalogue(t *testing.T) {
 	}
 	// Long enough for Litestream to sync and checkpoint several times.
 	time.Sleep(10 * time.Second)
-	close(stop)
-	wg.Wait()
+	for _, stop := range stops {
+		stop()
+	}
 
 	for kind, n := range answers {
 		if !strings.HasSuffix(kind, " 200") {
