@@ -8,6 +8,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -38,6 +40,8 @@ type dbFile struct {
 	// The -wal file as SQLite opened it, and its -shm (see checkWAL).
 	walID fileID
 	shm   *os.File
+	// print is checkOverwritten's; only the writer loop calls it.
+	print contentPrint
 	// markedForCheck: the -check mark is on disk (see markForCheck).
 	markedForCheck atomic.Bool
 }
@@ -132,7 +136,7 @@ func (d *dbFile) markForCheck() {
 	if d.markedForCheck.Load() {
 		return
 	}
-	err := os.WriteFile(d.checkMark(), []byte("petstore: a write or an fsync failed with an I/O error; the next start runs integrity_check before it takes creates\n"), 0o600)
+	err := os.WriteFile(d.checkMark(), []byte("petstore: a write or an fsync failed with an I/O error, or the files were tampered with; the next start runs integrity_check before it takes creates\n"), 0o600)
 	if err == nil {
 		err = syncPath(d.checkMark())
 	}
@@ -157,7 +161,7 @@ func (d *dbFile) noteWAL() {
 	d.walID, d.shm = fileIDOf(fi), shm
 }
 
-// checkWAL returns a faultWALGone storageError once the -wal file SQLite
+// checkWAL returns a faultTampered storageError once the -wal file SQLite
 // has open is no longer at its path, or holds fewer bytes than SQLite's
 // index says were written to it; cutShort tells the last apart, whose
 // frames are lost. Committing on would acknowledge pets that a crash, or
@@ -171,7 +175,7 @@ func (d *dbFile) checkWAL() (err error, cutShort bool) {
 	// checkpoint of another process in between tells nothing.
 	indexBefore, okBefore := walWritten(d.shm)
 	gone := func(format string, args ...any) error {
-		return &storageError{kind: faultWALGone, err: fmt.Errorf(format, args...)}
+		return &storageError{kind: faultTampered, err: fmt.Errorf(format, args...)}
 	}
 	fi, statErr := os.Stat(d.path + "-wal")
 	switch {
@@ -182,8 +186,18 @@ func (d *dbFile) checkWAL() (err error, cutShort bool) {
 	case fileIDOf(fi) != d.walID:
 		return gone("%s-wal is now another file", d.path), false
 	}
-	if written, ok := walWritten(d.shm); ok && okBefore && written == indexBefore && fi.Size() < written {
+	written, ok := walWritten(d.shm)
+	if !ok || !okBefore || written != indexBefore {
+		return nil, false
+	}
+	if fi.Size() < written {
 		return gone("%s-wal holds %d bytes, but SQLite's index says %d were written to it", d.path, fi.Size(), written), true
+	}
+	// Cut short while a commit ran, it was written on past the cut: SQLite
+	// writes every byte of the -wal, so a hole where frames were is them
+	// lost. (A filesystem that cannot tell holes says there are none.)
+	if hole := firstHole(d.path + "-wal"); hole < written {
+		return gone("%s-wal was cut short at %d bytes and written on past the cut: SQLite's index says %d were written to it", d.path, hole, written), true
 	}
 	return nil, false
 }
@@ -213,4 +227,121 @@ func (d *dbFile) close() error {
 		d.shm.Close()
 	}
 	return d.f.Close()
+}
+
+// contentPrint is what the service knows of the database file's content
+// between two checkpoints. In WAL mode only a checkpoint writes the file,
+// copying pages from the -wal under SQLite's checkpoint lock, and it moves
+// the checkpoint record in the -shm as it does. So while that record
+// stands still and nobody holds the lock, the file's size and first page
+// cannot change: a change then was made by something other than SQLite
+// (cp over the live file, an editor, a restore tool).
+type contentPrint struct {
+	ckpt  [24]byte // the -shm's checkpoint record and WAL salts
+	size  int64
+	page1 [4096]byte
+	valid bool
+}
+
+// shm offsets (SQLite's wal.c): the index header's salts, the checkpoint
+// record (nBackfill, then nBackfillAttempted after the locks), and the
+// checkpoint lock's byte, which every checkpoint holds while it writes.
+const (
+	shmSalts         = 32
+	shmBackfill      = 96
+	shmBackfillTried = 128
+	shmCheckpointBit = 121
+)
+
+// checkpointState reads the part of the -shm that changes whenever a
+// checkpoint writes the database file, and whether another process holds
+// the checkpoint lock now (this process's own locks are not reported, and
+// its own checkpoints run on the writer, which calls this between them).
+func checkpointState(shm *os.File) (state [24]byte, locked, ok bool) {
+	var b [136]byte
+	if _, err := shm.ReadAt(b[:], 0); err != nil {
+		return state, false, false
+	}
+	copy(state[0:8], b[shmSalts:shmSalts+8])
+	copy(state[8:12], b[shmBackfill:shmBackfill+4])
+	copy(state[12:16], b[shmBackfillTried:shmBackfillTried+4])
+	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: 0, Start: shmCheckpointBit, Len: 1}
+	if err := syscall.FcntlFlock(shm.Fd(), syscall.F_GETLK, &lk); err != nil {
+		return state, false, false
+	}
+	return state, lk.Type != syscall.F_UNLCK, true
+}
+
+// checkOverwritten returns a faultTampered storageError once the database
+// file's size or first page changed while no checkpoint ran, or its header
+// no longer says it is this service's file, or its change counter went
+// back. A checkpoint in progress, or one since the last look, takes what
+// the file holds now as the new baseline.
+func (d *dbFile) checkOverwritten() error {
+	if d.shm == nil {
+		return nil
+	}
+	before, lockedBefore, ok := checkpointState(d.shm)
+	if !ok {
+		return nil
+	}
+	var now contentPrint
+	n, err := d.f.ReadAt(now.page1[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil // a read error is the I/O checks' business
+	}
+	fi, err := d.f.Stat()
+	if err != nil {
+		return nil
+	}
+	after, lockedAfter, ok := checkpointState(d.shm)
+	if !ok || lockedBefore || lockedAfter || before != after {
+		d.print.valid = false // a checkpoint is writing: look again later
+		return nil
+	}
+	now.ckpt, now.size, now.valid = after, fi.Size(), true
+	overwritten := func(format string, args ...any) error {
+		return &storageError{kind: faultTampered, err: fmt.Errorf("%s was overwritten in place: "+format, append([]any{d.path}, args...)...)}
+	}
+	if n >= 100 && !bytes.Equal(now.page1[:16], []byte("SQLite format 3\x00")) {
+		return overwritten("it is no longer a SQLite database")
+	}
+	if n >= 100 && appID(now.page1[:]) != petstoreApplicationID && appID(now.page1[:]) != 0 {
+		return overwritten("it is no longer a petstore database (application_id %#x)", appID(now.page1[:]))
+	}
+	last := &d.print
+	switch {
+	case !last.valid:
+	case now.ckpt != last.ckpt:
+		// A checkpoint ran: the file moved on, but never back.
+		if binary.BigEndian.Uint32(now.page1[24:28]) < binary.BigEndian.Uint32(last.page1[24:28]) {
+			return overwritten("its change counter went back from %d to %d", binary.BigEndian.Uint32(last.page1[24:28]), binary.BigEndian.Uint32(now.page1[24:28]))
+		}
+	case now.size != last.size:
+		return overwritten("its size changed from %d to %d bytes while no checkpoint ran", last.size, now.size)
+	case now.page1 != last.page1:
+		return overwritten("its first page changed while no checkpoint ran")
+	}
+	*last = now
+	return nil
+}
+
+// appID is the application_id in a database header; the file shows 0
+// until a checkpoint has copied the page that set it.
+func appID(header []byte) uint32 { return binary.BigEndian.Uint32(header[68:72]) }
+
+// firstHole is the offset of the first hole in the file (its size when
+// it has none), or the largest int64 when it cannot be told.
+func firstHole(path string) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return math.MaxInt64
+	}
+	defer f.Close()
+	const seekHole = 4 // SEEK_HOLE
+	off, err := f.Seek(0, seekHole)
+	if err != nil {
+		return math.MaxInt64
+	}
+	return off
 }

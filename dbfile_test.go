@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,4 +200,61 @@ func TestFileReplacedUnderTheService(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSQLiteWritesAreNotTampering runs an operator's sqlite3 shell beside
+// the binary while clients create: inserts through SQLite, and passive,
+// full and truncating checkpoints, which write the database file from
+// another process. None of it is taken for tampering: every create is
+// 201, no error is logged, and /healthz stays 200.
+func TestSQLiteWritesAreNotTampering(t *testing.T) {
+	shell := needTool(t, "sqlite3", "apt-get install sqlite3")
+	db := filepath.Join(t.TempDir(), "pets.db")
+	logs := &syncBuffer{}
+	base, _ := startBinary(t, nil, []string{"-db", db}, logs)
+	var mu sync.Mutex
+	answers := map[int]int{}
+	stop := inLoops(t, 4, func() {
+		r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		answers[r.status]++
+		mu.Unlock()
+	})
+	cmd := exec.Command(shell, db)
+	in, err := cmd.StdinPipe()
+	must(t, err)
+	var shellOut syncBuffer
+	cmd.Stdout, cmd.Stderr = &shellOut, &shellOut
+	must(t, cmd.Start())
+	fmt.Fprintln(in, ".timeout 2000")
+	statements := []string{
+		"PRAGMA wal_checkpoint(PASSIVE);",
+		"INSERT INTO pets (name, category_id, status) VALUES ('From the shell', 2, 'sold');",
+		"PRAGMA wal_checkpoint(FULL);",
+		"PRAGMA wal_checkpoint(PASSIVE);",
+		"PRAGMA wal_checkpoint(TRUNCATE);",
+	}
+	for i := range 400 {
+		fmt.Fprintln(in, statements[i%len(statements)])
+		time.Sleep(10 * time.Millisecond)
+	}
+	in.Close()
+	must(t, cmd.Wait())
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(answers) != 1 || answers[201] == 0 {
+		t.Errorf("creates beside the shell's writes and checkpoints were answered %v, want only 201s", answers)
+	}
+	if n := countLines(logs, "level=ERROR"); n != 0 {
+		t.Errorf("%d error lines:\n%s", n, logs)
+	}
+	if r := send(t, "GET", base+"/healthz", "", ""); r.status != 200 {
+		t.Errorf("/healthz after the shell: %d %s", r.status, r.body)
+	}
+	t.Logf("%d creates, all 201, beside 80 inserts and 320 checkpoints of a sqlite3 shell", answers[201])
 }

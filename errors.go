@@ -29,7 +29,7 @@ const (
 	// does not know of (an operator's trigger) refused this one create.
 	codeRefusedByDatabase = "refused_by_database"
 	// codeStorageTampered: creates are refused until a restart because the
-	// database's -wal file was deleted, replaced or cut short.
+	// database file or its -wal was changed by something other than SQLite.
 	codeStorageTampered = "storage_tampered"
 	// codeAcknowledgedPetsMissing: creates are refused because the file
 	// lost pets this service acknowledged (see faultWentBack).

@@ -34,7 +34,7 @@ const (
 	faultDamaged  // lasts until the file is restored and the service restarted
 	faultReplaced // lasts until the service is restarted
 	faultWentBack // the file lost pets it held; lasts until restart
-	faultWALGone  // the -wal file deleted, replaced or cut short; lasts until restart
+	faultTampered // the file or its -wal changed outside SQLite; lasts until restart
 )
 
 // message says what is wrong, starting with the short name of the failing
@@ -55,8 +55,8 @@ func (k faultKind) message() string {
 		return "file replaced: the database file was deleted or replaced while the service ran; the service must be restarted"
 	case faultTimedOut:
 		return "timed out: the pet could not be committed before the write timeout, so it was not stored"
-	case faultWALGone:
-		return "WAL tampered: the database's -wal file was deleted, replaced or cut short under the running service, so no pet can be stored safely; the service must be restarted"
+	case faultTampered:
+		return "storage tampered: the database file or its -wal file was changed under the running service by something other than SQLite (deleted, replaced, cut short or overwritten in place), so no pet can be stored safely; the service must be restarted"
 	case faultWentBack:
 		return "catalogue went back: the database file no longer holds pets this service stored (an older copy was put under it), so new pets would reuse their ids; the service must be restarted"
 	}
@@ -69,7 +69,7 @@ func (k faultKind) retryAfter() string {
 	switch k {
 	case faultLocked, faultNotAnswering, faultTimedOut:
 		return "1"
-	case faultDamaged, faultReplaced, faultWentBack, faultWALGone:
+	case faultDamaged, faultReplaced, faultWentBack, faultTampered:
 		return "60"
 	case faultIO:
 		return "60" // refused until a restart: a failed fsync is not retried
@@ -84,7 +84,7 @@ func (k faultKind) code() string {
 	switch k {
 	case faultWentBack:
 		return codeAcknowledgedPetsMissing
-	case faultWALGone:
+	case faultTampered:
 		return codeStorageTampered
 	}
 	return codeUnavailable
@@ -182,6 +182,9 @@ type storeHealth struct {
 	// replaced is set once the path no longer names the opened file; it
 	// lasts until restart.
 	replaced atomic.Pointer[storageError]
+	// framesLost is set with replaced when the files no longer hold pets
+	// the service acknowledged (see rescue.go).
+	framesLost atomic.Bool
 	// ioFailed is set once a write or an fsync failed with an I/O error:
 	// the kernel may have dropped pages it had taken, and report success
 	// on the next fsync, so it is not retried; it lasts until restart,
@@ -282,7 +285,7 @@ func (s *petStore) health(ctx context.Context) error {
 		return &storageError{kind: faultDamaged, err: errors.New(*d)}
 	}
 	if err := s.file.checkStillThere(); err != nil {
-		s.markReplaced(err)
+		s.markReplaced(err, false)
 		return asStorageError(err)
 	}
 	if start := s.storage.commitStart.Load(); start != 0 && time.Since(time.Unix(0, start)) > stuckCommit {
@@ -354,11 +357,13 @@ func (s *petStore) probe(ctx context.Context) error {
 }
 
 // markReplaced records, once, that the path no longer names the opened
-// file, and tells the operator what to do. It reports whether err was
-// such a replacement.
-func (s *petStore) markReplaced(err error) bool {
+// file, or that the files were tampered with, and tells the operator what
+// to do. It reports whether err was such a fault. lost says the files no
+// longer hold pets that were acknowledged: then, the first time, every pet
+// is saved to the rescue file (only the writer loop passes it).
+func (s *petStore) markReplaced(err error, lost bool) bool {
 	var se *storageError
-	if !errors.As(err, &se) || se.kind != faultReplaced && se.kind != faultWALGone {
+	if !errors.As(err, &se) || se.kind != faultReplaced && se.kind != faultTampered {
 		return false
 	}
 	if !s.storage.replaced.CompareAndSwap(nil, se) {
@@ -368,6 +373,10 @@ func (s *petStore) markReplaced(err error) bool {
 		s.log.Error("the database file was deleted or replaced under the running service: creates are refused from now on; "+
 			"restart the service to open the file now at the path, or restore it from a backup (README: Backups and restore)",
 			"db", s.file.path, "err", se.err.Error())
+		return true
+	}
+	if lost {
+		s.logRescue(se)
 		return true
 	}
 	s.log.Error("the database's -wal file was deleted, replaced or cut short under the running service: creates are refused from now on; "+

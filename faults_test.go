@@ -338,7 +338,7 @@ func TestCheckAfterIOError(t *testing.T) {
 	preloadPets(t, path, 5000)
 	os.WriteFile(path+"-check", []byte("mark\n"), 0o600)
 	srv, s, logs := newLoggedServer(t, path, storeOptions{})
-	if n := countLines(logs, `level=INFO msg="the file passed integrity_check after the I/O error the last run met; creates are taken"`); n != 1 {
+	if n := countLines(logs, `level=INFO msg="the file passed the integrity_check the last run asked for (after an I/O error or tampered files); creates are taken"`); n != 1 {
 		t.Errorf("no line for the check:\n%s", logs)
 	}
 	if _, err := os.Stat(path + "-check"); !errors.Is(err, os.ErrNotExist) {
@@ -695,17 +695,35 @@ func TestReadOnlyMountAtStart(t *testing.T) {
 // and is saved into the database file first: after the kill and a
 // restart, every acknowledged pet is there.
 func TestWALTamperedUnderTheService(t *testing.T) {
+	const walGone = `level=ERROR msg="the database's -wal file was deleted, replaced or cut short`
+	const changed = `level=ERROR msg="the database file or its -wal was changed under the running service by something other than SQLite`
 	for _, tt := range []struct {
 		name   string
-		tamper func(wal string) error
+		tamper func(t *testing.T, db string)
+		logged string
 	}{
-		{"deleted", os.Remove},
-		{"replaced", func(wal string) error {
-			if err := os.WriteFile(wal+".new", nil, 0o600); err != nil {
-				return err
+		{"wal deleted", func(t *testing.T, db string) { must(t, os.Remove(db+"-wal")) }, walGone},
+		{"wal replaced", func(t *testing.T, db string) {
+			must(t, os.WriteFile(db+"-wal.new", nil, 0o600))
+			must(t, os.Rename(db+"-wal.new", db+"-wal"))
+		}, walGone},
+		{"wal emptied in place", func(t *testing.T, db string) { must(t, os.Truncate(db+"-wal", 0)) }, changed},
+		{"wal cut in half", func(t *testing.T, db string) {
+			fi, err := os.Stat(db + "-wal")
+			must(t, err)
+			must(t, os.Truncate(db+"-wal", fi.Size()/2))
+		}, changed},
+		{"database overwritten in place with an older backup", func(t *testing.T, db string) {
+			backup := filepath.Join(t.TempDir(), "older.db")
+			if out, err := exec.Command(petstoreBinary(t), "backup", "-db", db, backup).CombinedOutput(); err != nil {
+				t.Fatalf("backup: %v: %s", err, out)
 			}
-			return os.Rename(wal+".new", wal)
-		}},
+			time.Sleep(300 * time.Millisecond) // more creates, so the backup is older
+			cp := needTool(t, "cp", "coreutils")
+			if out, err := exec.Command(cp, backup, db).CombinedOutput(); err != nil {
+				t.Fatalf("cp: %v: %s", err, out)
+			}
+		}, changed},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			db := filepath.Join(t.TempDir(), "pets.db")
@@ -734,9 +752,7 @@ func TestWALTamperedUnderTheService(t *testing.T) {
 			})
 			count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
 			waitFor(t, patience, "200 creates", func() bool { return count() >= 200 })
-			if err := tt.tamper(db + "-wal"); err != nil {
-				t.Fatal(err)
-			}
+			tt.tamper(t, db)
 			waitFor(t, patience, "creates to be refused", func() bool {
 				return send(t, "POST", base+"/v1/pets", testKey, newPetBody).status == 503
 			})
@@ -748,16 +764,35 @@ func TestWALTamperedUnderTheService(t *testing.T) {
 			if ackedAfter != 0 {
 				t.Errorf("%d creates answered 201 after the -wal was seen %s", ackedAfter, tt.name)
 			}
-			want := errBody(503, codeStorageTampered, faultWALGone.message())
+			want := errBody(503, codeStorageTampered, faultTampered.message())
 			checkReply(t, send(t, "POST", base+"/v1/pets", testKey, newPetBody), 503, map[string]string{"Retry-After": "60"}, want)
 			checkReply(t, send(t, "GET", base+"/healthz", "", ""), 503, map[string]string{"Retry-After": "60"}, want)
-			if n := countLines(logs, `level=ERROR msg="the database's -wal file was deleted, replaced or cut short`); n != 1 {
+			if n := countLines(logs, tt.logged); n != 1 {
 				t.Errorf("%d ERROR lines, want 1:\n%s", n, logs)
 			}
 
 			cmd.Process.Kill()
 			cmd.Wait()
-			base, _ = startBinary(t, nil, []string{"-db", db}, nil)
+			restart := &syncBuffer{}
+			base, _ = startBinary(t, nil, []string{"-db", db}, restart)
+			if tt.logged == changed {
+				// The files lost frames: the pets come back from the rescue.
+				for _, line := range []string{
+					`level=WARN msg="the last run found the files tampered with and saved its pets`,
+					`level=INFO msg="the file passed the integrity_check the last run asked for`,
+					`level=INFO msg="the pets saved when the files were tampered with are back`,
+				} {
+					if n := countLines(restart, line); n != 1 {
+						t.Errorf("%d lines %s, want 1:\n%s", n, line, restart)
+					}
+				}
+				if _, err := os.Stat(db + "-rescue"); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("the rescue file is still there after its pets were put back: %v", err)
+				}
+			}
+			if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
+				t.Errorf("a create after the restart: %d %s", r.status, r.body)
+			}
 			stored := map[int64]bool{}
 			for _, p := range walkCatalogue(t, func(path string) reply { return send(t, "GET", base+path, testKey, "") }) {
 				stored[p.ID] = true

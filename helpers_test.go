@@ -648,3 +648,11 @@ func inLoops(t testing.TB, n int, work func()) (stop func()) {
 	t.Cleanup(stop)
 	return stop
 }
+
+// must fails the test at once on an error from a step of its set-up.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

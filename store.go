@@ -201,6 +201,15 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	if err != nil {
 		return nil, err
 	}
+	setAside, err := setAsideTampered(file)
+	if err != nil {
+		file.close()
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	if setAside != "" {
+		opts.log.Warn("the last run found the files tampered with and saved its pets: the -wal it left is set aside, and the database file is opened as of its last checkpoint",
+			"db", path, "set_aside", setAside)
+	}
 
 	due, err := inspect(path)
 	if err != nil {
@@ -272,10 +281,15 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 		return fail(err)
 	}
 	file.noteWAL()
-	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
+	if err := s.checkAfterIOError(); err != nil {
 		return fail(err)
 	}
-	if err := s.checkAfterIOError(); err != nil {
+	if s.storage.damage.Load() == nil {
+		if err := s.putBackRescued(); err != nil {
+			return fail(err)
+		}
+	}
+	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
 		return fail(err)
 	}
 	w, err := newBatchWriter(writer)
@@ -314,15 +328,15 @@ func (s *petStore) checkAfterIOError() error {
 	var result string
 	if err := s.readers.QueryRow("PRAGMA integrity_check(1)").Scan(&result); err != nil {
 		if kind, ok := classifyFault(err); !ok || kind != faultDamaged {
-			return fmt.Errorf("integrity_check after an I/O error: %w", err)
+			return fmt.Errorf("integrity_check the last run asked for: %w", err)
 		}
 		result = err.Error()
 	}
 	if result != "ok" {
-		s.markDamaged("integrity_check after an I/O error: " + result)
+		s.markDamaged("integrity_check the last run asked for: " + result)
 		return nil
 	}
-	s.log.Info("the file passed integrity_check after the I/O error the last run met; creates are taken",
+	s.log.Info("the file passed the integrity_check the last run asked for (after an I/O error or tampered files); creates are taken",
 		"db", s.file.path, "took", time.Since(start).Round(time.Millisecond).String())
 	return os.Remove(s.file.checkMark())
 }
@@ -478,8 +492,12 @@ func (s *petStore) close() error {
 		<-s.queue.loopDone
 		s.view.published.Store(nil) // a closed store answers nothing
 		// The lock's descriptor goes last: closing it releases SQLite's
-		// POSIX locks on the file too.
-		s.closeErr = errors.Join(s.readers.Close(), s.writer.Close())
+		// POSIX locks on the file too. Files that lost frames are not
+		// closed through SQLite, whose last close would checkpoint what is
+		// left of the -wal into the file: the process's exit lets go.
+		if !s.storage.framesLost.Load() {
+			s.closeErr = errors.Join(s.readers.Close(), s.writer.Close())
+		}
 		s.file.close()
 	})
 	return s.closeErr

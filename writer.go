@@ -206,7 +206,9 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			if s.storage.faults.current() != nil || s.storage.replaced.Load() != nil {
 				s.probeWrite(&w)
 			}
-			w.checkWAL(s.file.path+"-wal", walLimit)
+			if !s.storage.framesLost.Load() {
+				w.boundWAL(s.file.path+"-wal", walLimit)
+			}
 		}
 	}
 }
@@ -220,7 +222,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	refuse := func(err error) {
 		kind, _ := classifyFault(err)
 		// Faults that last until a restart are logged once, when marked.
-		if kind != faultReplaced && kind != faultWALGone && kind != faultDamaged && kind != faultWentBack && (kind != faultIO || s.storage.ioFailed.Load() == nil) {
+		if kind != faultReplaced && kind != faultTampered && kind != faultDamaged && kind != faultWentBack && (kind != faultIO || s.storage.ioFailed.Load() == nil) {
 			s.storage.faults.failed(kind, err, len(batch))
 		}
 		for _, r := range batch {
@@ -338,11 +340,19 @@ func (e *refusedError) Error() string { return "the database refused this pet: "
 // next start and corrupt it.
 func (s *petStore) checkFile(w *batchWriter) error {
 	if s.storage.replaced.Load() == nil {
+		lost := false
 		err := s.file.checkStillThere()
 		if err == nil {
-			err, w.walCutShort = s.file.checkWAL()
+			err, lost = s.file.checkWAL()
 		}
-		if err != nil && !s.markReplaced(err) {
+		if err == nil {
+			err = s.file.checkOverwritten()
+			lost = err != nil
+		}
+		if lost {
+			s.storage.framesLost.Store(true)
+		}
+		if err != nil && !s.markReplaced(err, lost) {
 			return err // not a replacement: stat itself failed
 		}
 	}
@@ -351,8 +361,10 @@ func (s *petStore) checkFile(w *batchWriter) error {
 		return nil
 	}
 	// A -wal cut short lost its frames: a checkpoint would read past its
-	// end. Any other is still the one SQLite holds open, whole.
-	if !w.walEmptied && !w.walCutShort {
+	// end; one that belongs to a file overwritten since would be copied
+	// into another file. Any other is still the one SQLite holds open,
+	// whole, and is saved.
+	if !w.walEmptied && !s.storage.framesLost.Load() {
 		w.walEmptied = w.truncateWAL() // else tried again at the next check
 	}
 	return r
@@ -402,7 +414,6 @@ type batchWriter struct {
 	beginTx, commitTx, rollTx *sql.Stmt
 	beginRead, changes, after *sql.Stmt
 	walEmptied                bool          // after the file was replaced
-	walCutShort               bool          // the -wal lost frames
 	dataVersion               int64         // PRAGMA data_version when last asked
 	busyTimeout               time.Duration // the connection's busy_timeout now
 }
@@ -504,16 +515,16 @@ func (w *batchWriter) reopen(db *sql.DB) (*batchWriter, error) {
 	return fresh, nil
 }
 
-// walLimit bounds the WAL file on disk (see checkWAL).
+// walLimit bounds the WAL file on disk (see boundWAL).
 const walLimit = 64 << 20
 
-// checkWAL bounds the WAL on disk. SQLite's automatic checkpoints are
+// boundWAL bounds the WAL on disk. SQLite's automatic checkpoints are
 // passive: while a reader holds an old snapshot they cannot reach the end
 // of the WAL, which then grows with every commit and keeps its size. Once
 // a second, a WAL over limit gets a TRUNCATE checkpoint that does not
 // wait: if a reader still holds it back, it is tried again a second
 // later, and once the reader has let go the WAL shrinks to nothing.
-func (w *batchWriter) checkWAL(walPath string, limit int64) {
+func (w *batchWriter) boundWAL(walPath string, limit int64) {
 	fi, err := os.Stat(walPath)
 	if err != nil || fi.Size() <= limit {
 		return
