@@ -199,6 +199,12 @@ type storeHealth struct {
 	commitStart atomic.Int64
 	// pinging is set while a health check's read runs.
 	pinging atomic.Bool
+	// checked is the latest background health check (watchHealth), and
+	// recheck asks for one now.
+	checked atomic.Pointer[healthCheck]
+	recheck chan struct{}
+	// stopWatch ends watchHealth, which closes watchDone.
+	stopWatch, watchDone chan struct{}
 }
 
 // faultLog remembers the storage fault in force, so it is logged once
@@ -207,6 +213,8 @@ type storeHealth struct {
 type faultLog struct {
 	log  *slog.Logger
 	path string
+	// changed is called when a fault begins or ends.
+	changed func()
 
 	mu      sync.Mutex
 	kind    faultKind
@@ -228,6 +236,9 @@ func (f *faultLog) failed(kind faultKind, cause error, n int) {
 		f.endLocked("changed to " + kind.message())
 	}
 	f.kind, f.cause, f.since, f.refused = kind, cause, time.Now(), n
+	if f.changed != nil {
+		defer f.changed()
+	}
 	f.log.Error("storage fault: requests that need it are refused with 503 until it clears",
 		"fault", kind.message(), "err", rootCause(cause).Error(), "db", f.path)
 }
@@ -245,6 +256,9 @@ func (f *faultLog) endLocked(why string) {
 	f.log.Warn("storage fault cleared", "fault", f.kind.message(), "why", why,
 		"refused", f.refused, "lasted", time.Since(f.since).Round(time.Millisecond).String(), "db", f.path)
 	f.kind, f.cause, f.refused = faultNone, nil, 0
+	if f.changed != nil {
+		defer f.changed()
+	}
 }
 
 // rootCause is the error under a storageError, for the log, which names
@@ -267,11 +281,24 @@ func (f *faultLog) current() *storageError {
 	return &storageError{kind: f.kind, err: f.cause}
 }
 
-// health returns nil while the store can both read and store a pet, and
-// otherwise the failing check as a storageError. It is cheap enough to
-// poll every second: a stat, a statfs and one read; it writes only when
-// the disk looks full or read-only, or a fault is in force.
-func (s *petStore) health(ctx context.Context) error {
+// health is /healthz's answer: nil while the store can both read and
+// store a pet, and otherwise the failing check as a storageError. It does
+// no I/O: faults already known are read from memory, and the rest comes
+// from the latest background check (watchHealth), so any number of
+// monitors asking at once costs nothing and cannot themselves look like a
+// fault.
+func (s *petStore) health() error {
+	if err := s.knownFault(); err != nil {
+		return err
+	}
+	if last := s.storage.checked.Load(); last != nil && last.err != nil {
+		return last.err
+	}
+	return nil
+}
+
+// knownFault is the fault the store already knows of, from memory.
+func (s *petStore) knownFault() error {
 	if r := s.storage.replaced.Load(); r != nil {
 		return r
 	}
@@ -284,12 +311,68 @@ func (s *petStore) health(ctx context.Context) error {
 	if d := s.storage.damage.Load(); d != nil {
 		return &storageError{kind: faultDamaged, err: errors.New(*d)}
 	}
-	if err := s.file.checkStillThere(); err != nil {
-		s.markReplaced(err, false)
-		return asStorageError(err)
-	}
 	if start := s.storage.commitStart.Load(); start != 0 && time.Since(time.Unix(0, start)) > stuckCommit {
 		return &storageError{kind: faultNotAnswering, err: fmt.Errorf("a commit has been waiting on the storage for %s", time.Since(time.Unix(0, start)).Round(time.Second))}
+	}
+	if f := s.storage.faults.current(); f != nil {
+		return f // the writer loop probes every second until it clears
+	}
+	return nil
+}
+
+// healthCheckEvery is how often watchHealth checks the storage when
+// nothing asks it to sooner.
+const healthCheckEvery = time.Second
+
+// healthCheck is one background check's outcome.
+type healthCheck struct{ err error }
+
+// watchHealth checks the storage about once a second, and at once when a
+// fault begins or ends, until stop is closed; health answers from the
+// latest check.
+func (s *petStore) watchHealth(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	tick := time.NewTicker(healthCheckEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		case <-s.storage.recheck:
+		}
+		s.checkHealthNow()
+	}
+}
+
+// checkHealthNow runs one check and makes it what health answers.
+func (s *petStore) checkHealthNow() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s.storage.checked.Store(&healthCheck{err: s.checkHealth(ctx)})
+}
+
+// recheckHealth asks watchHealth for a check now, without waiting.
+func (s *petStore) recheckHealth() {
+	select {
+	case s.storage.recheck <- struct{}{}:
+	default:
+	}
+}
+
+// checkHealth returns nil while the store can both read and store a pet,
+// and otherwise the failing check as a storageError: a stat, a statfs and
+// one read; it writes only when the disk looks full or read-only. Only
+// checkHealthNow calls it.
+func (s *petStore) checkHealth(ctx context.Context) error {
+	if s.storage.replaced.Load() == nil {
+		if err := s.file.checkStillThere(); err != nil {
+			s.markReplaced(err, false)
+			return asStorageError(err)
+		}
+	}
+	if err := s.knownFault(); err != nil {
+		return err
 	}
 	if err := s.ping(ctx); err != nil {
 		if se := s.readFault(err); se != nil {

@@ -338,7 +338,7 @@ func TestCheckAfterIOError(t *testing.T) {
 	preloadPets(t, path, 5000)
 	os.WriteFile(path+"-check", []byte("mark\n"), 0o600)
 	srv, s, logs := newLoggedServer(t, path, storeOptions{})
-	if n := countLines(logs, `level=INFO msg="the file passed the integrity_check the last run asked for (after an I/O error or tampered files); creates are taken"`); n != 1 {
+	if n := countLines(logs, `level=INFO msg="the file passed the integrity_check the last run asked for \(after an I/O error or tampered files\); creates are taken"`); n != 1 {
 		t.Errorf("no line for the check:\n%s", logs)
 	}
 	if _, err := os.Stat(path + "-check"); !errors.Is(err, os.ErrNotExist) {
@@ -896,4 +896,76 @@ func TestThinVolumeRunsOut(t *testing.T) {
 		t.Errorf("%d of %d acknowledged pets lost", lost, len(acked))
 	}
 	t.Logf("thin volume: %d creates acknowledged before the backing store ran out, %d refused after, 0 lost, integrity ok", len(acked), refused)
+}
+
+// TestHealthAnswersFromTheLatestCheck asks the binary's /healthz from 64
+// clients at once, as monitors and load balancers do. On a healthy idle
+// service every answer is 200 and nothing is logged; on a full disk every
+// answer is the 503 of the fault, and the service's writes and fsyncs
+// (counted by strace) follow the background check, about one a second,
+// not the requests.
+func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
+	dir := mountTmpfs(t, "4m")
+	strace := needTool(t, "strace", "apt-get install strace")
+	db := filepath.Join(dir, "pets.db")
+	logs := &syncBuffer{}
+	base, cmd := startBinary(t, nil, []string{"-db", db}, logs)
+	ask := func(n int) map[string]int {
+		var mu sync.Mutex
+		answers := map[string]int{}
+		var wg sync.WaitGroup
+		for range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range n / 64 {
+					r, err := trySend(t, "GET", base+"/healthz", "", "")
+					key := fmt.Sprint(r.status, " ", string(r.body))
+					if err != nil {
+						key = err.Error()
+					}
+					mu.Lock()
+					answers[key]++
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		return answers
+	}
+	const requests = 6400
+	if got := ask(requests); got[`200 {"status":"ok"}`+"\n"] != requests {
+		t.Errorf("a healthy idle service answered %d concurrent checks: %v", requests, got)
+	}
+	if n := countLines(logs, "level=(ERROR|WARN)"); n != 0 {
+		t.Errorf("%d fault lines for checks of a healthy service:\n%s", n, logs)
+	}
+
+	fillDisk(t, dir)
+	waitFor(t, patience, "/healthz to say the disk is full", func() bool {
+		return strings.Contains(string(send(t, "GET", base+"/healthz", "", "").body), "disk full")
+	})
+	trace := exec.Command(strace, "-f", "-c", "-e", "trace=pwrite64,fsync,fdatasync", "-p", fmt.Sprint(cmd.Process.Pid))
+	summary := &syncBuffer{}
+	trace.Stderr = summary
+	must(t, trace.Start())
+	time.Sleep(time.Second) // strace attaches to every thread
+	start := time.Now()
+	got := ask(requests)
+	took := time.Since(start)
+	trace.Process.Signal(os.Interrupt)
+	trace.Wait()
+	want := fmt.Sprintf("503 %s\n", errBody(503, codeUnavailable, faultDiskFull.message()))
+	if got[want] != requests {
+		t.Errorf("on a full disk, %d concurrent checks were answered %v", requests, got)
+	}
+	calls := 0
+	for _, m := range regexp.MustCompile(`(?m)^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(pwrite64|fsync|fdatasync)$`).FindAllStringSubmatch(summary.String(), -1) {
+		n, _ := strconv.Atoi(m[1])
+		calls += n
+	}
+	if limit := 10 * int(took.Seconds()+3); calls > limit {
+		t.Errorf("%d writes and fsyncs for %d checks in %s, want at most %d (the background check's):\n%s", calls, requests, took, limit, summary)
+	}
+	t.Logf("%d checks of a healthy service, all 200; %d on a full disk in %s, all 503, with %d writes and fsyncs", requests, requests, took.Round(time.Millisecond), calls)
 }

@@ -4,7 +4,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -145,9 +144,7 @@ func serveIndex(w http.ResponseWriter, r *http.Request) {
 // pet, and otherwise 503 naming the failing check, for load balancers,
 // monitors and systemd; it needs no key. The store logs each fault once.
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	if err := s.store.health(ctx); err != nil {
+	if err := s.store.health(); err != nil {
 		var fault *storageError
 		if !errors.As(err, &fault) {
 			fault = &storageError{kind: faultNotAnswering, err: err}

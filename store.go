@@ -245,8 +245,9 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	readers.SetMaxIdleConns(n)
 
 	s := &petStore{file: file, writer: writer, readers: readers, log: opts.log,
-		view:    view{loaded: make(chan loadedView, 1)},
-		storage: storeHealth{faults: &faultLog{log: opts.log, path: path}},
+		view: view{loaded: make(chan loadedView, 1)},
+		storage: storeHealth{faults: &faultLog{log: opts.log, path: path}, recheck: make(chan struct{}, 1),
+			stopWatch: make(chan struct{}), watchDone: make(chan struct{})},
 		queue: writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan error),
 			loopDone: make(chan struct{})}}
 	fail := func(err error) (*petStore, error) {
@@ -296,7 +297,11 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	if err != nil {
 		return fail(err)
 	}
+	// Set before the loops run: each may begin or end a fault.
+	s.storage.faults.changed = s.recheckHealth
 	go s.writeLoop(w)
+	s.checkHealthNow()
+	go s.watchHealth(s.storage.stopWatch, s.storage.watchDone)
 	go s.quickCheck()
 	return s, nil
 }
@@ -489,6 +494,9 @@ func (s *petStore) close() error {
 		s.queue.closed = true
 		close(s.queue.writes)
 		s.queue.mu.Unlock()
+		close(s.storage.stopWatch)
+		<-s.storage.watchDone
+		s.storage.checked.Store(&healthCheck{err: &storageError{kind: faultNotAnswering, err: errors.New("the store is closed")}})
 		<-s.queue.loopDone
 		s.view.published.Store(nil) // a closed store answers nothing
 		// The lock's descriptor goes last: closing it releases SQLite's
