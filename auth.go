@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -8,10 +9,16 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
+	"math"
+	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // keyDigest is the SHA-256 of an API key. The service keeps only digests,
@@ -49,6 +56,11 @@ func (k *keyRing) acceptsDigest(d keyDigest) bool {
 	return match == 1
 }
 
+// minKeyLength is the shortest key accepted: 20 characters of the 94
+// printable ones are over 130 bits even if they were chosen at random, and
+// a short one typed by hand ("secret") falls to guessing. keygen makes 43.
+const minKeyLength = 20
+
 // parseAPIKeys reads PETSTORE_API_KEYS: comma-separated, spaces around
 // entries trimmed, empty entries ignored.
 func parseAPIKeys(list string) ([]keyDigest, error) {
@@ -61,6 +73,9 @@ func parseAPIKeys(list string) ([]keyDigest, error) {
 		if !isTokenString(key) {
 			// Never print the key itself.
 			return nil, fmt.Errorf("API key number %d has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)", i+1)
+		}
+		if len(key) < minKeyLength {
+			return nil, fmt.Errorf("API key number %d is shorter than %d characters, so it could be guessed; make one with petstore keygen", i+1, minKeyLength)
 		}
 		digests = append(digests, sha256.Sum256([]byte(key)))
 	}
@@ -126,6 +141,9 @@ func parseKeysFile(data []byte) ([]keyDigest, error) {
 		if !isTokenString(entry) {
 			return nil, fmt.Errorf("line %d: a key must be printable ASCII without spaces", n+1)
 		}
+		if len(entry) < minKeyLength {
+			return nil, fmt.Errorf("line %d: the key is shorter than %d characters, so it could be guessed; make one with petstore keygen", n+1, minKeyLength)
+		}
 		digests = append(digests, sha256.Sum256([]byte(entry)))
 	}
 	return digests, nil
@@ -186,15 +204,29 @@ func bearerToken(r *http.Request) (token string, ok, malformed bool) {
 // otherwise. Neither the key nor the header is ever logged or echoed:
 // sawKey is given only the digest of a well-formed key, valid or not, so
 // the caller can tell keys apart in its log.
-func requireAPIKey(keys *keyRing, sawKey func(*http.Request, keyDigest), next http.Handler) http.Handler {
+func requireAPIKey(keys *keyRing, guard *authGuard, sawKey func(*http.Request, keyDigest), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := time.Now()
+		addr := ""
+		if guard != nil {
+			addr = clientAddr(r)
+			if wait := guard.blockedFor(addr, now); wait > 0 {
+				secs := int(math.Ceil(wait.Seconds()))
+				w.Header().Set("Retry-After", strconv.Itoa(secs))
+				writeError(w, http.StatusTooManyRequests, codeRateLimited,
+					fmt.Sprintf("too many failed authentications from this address; retry after %d s", secs))
+				return
+			}
+		}
 		token, present, malformed := bearerToken(r)
 		switch {
 		case !present:
+			guard.failed(addr, "missing", now)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore"`)
 			writeError(w, http.StatusUnauthorized, codeUnauthorized,
 				"missing API key: send the header Authorization: Bearer <key>")
 		case malformed:
+			guard.failed(addr, "malformed", now)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore"`)
 			writeError(w, http.StatusUnauthorized, codeUnauthorized,
 				"malformed Authorization header: expected Authorization: Bearer <key>")
@@ -202,6 +234,7 @@ func requireAPIKey(keys *keyRing, sawKey func(*http.Request, keyDigest), next ht
 			d := keyDigest(sha256.Sum256([]byte(token)))
 			sawKey(r, d)
 			if !keys.acceptsDigest(d) {
+				guard.failed(addr, "invalid", now)
 				w.Header().Set("WWW-Authenticate", `Bearer realm="petstore", error="invalid_token"`)
 				writeError(w, http.StatusUnauthorized, codeUnauthorized, "invalid API key")
 				return
@@ -227,4 +260,131 @@ func runKeygen(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "key: %s\nkeys-file line: %s\n", key, keysFileLine(key))
 	return nil
+}
+
+// authGuard watches failed authentication per client address: a missing,
+// malformed or wrong key. It logs at most one line an address a minute,
+// with the count, for fail2ban and the like; and an address that fails
+// maxAuthFailures times within a minute is answered 429 for a minute,
+// whatever key it sends, so a valid key cannot be told from a wrong one
+// by a guesser. Other addresses are not touched. Memory is bounded: at most
+// maxGuardedAddrs addresses are tracked at once.
+type authGuard struct {
+	log     *slog.Logger
+	blocked atomic.Int64 // addresses blocked now: 0 lets requests skip the lock
+
+	mu    sync.Mutex
+	addrs map[string]*authFailures
+}
+
+type authFailures struct {
+	windowStart  time.Time // the minute whose failures count
+	failures     int       // in that minute
+	unlogged     int       // failures not yet in a log line
+	loggedAt     time.Time // the last line for this address
+	blockedUntil time.Time
+}
+
+const (
+	maxAuthFailures = 20
+	authWindow      = time.Minute
+	maxGuardedAddrs = 100_000
+)
+
+func newAuthGuard(log *slog.Logger) *authGuard {
+	return &authGuard{log: log, addrs: map[string]*authFailures{}}
+}
+
+// clientAddr is the request's peer address without its port.
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// blockedFor reports how long addr stays blocked, 0 when it is not.
+func (g *authGuard) blockedFor(addr string, now time.Time) time.Duration {
+	if g == nil || g.blocked.Load() == 0 {
+		return 0
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if f := g.addrs[addr]; f != nil && now.Before(f.blockedUntil) {
+		return f.blockedUntil.Sub(now)
+	}
+	return 0
+}
+
+// failed records a failed authentication from addr, and why ("missing",
+// "malformed", "invalid"), never the key.
+func (g *authGuard) failed(addr, why string, now time.Time) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f := g.addrs[addr]
+	if f == nil {
+		if len(g.addrs) >= maxGuardedAddrs {
+			g.sweep(now)
+			if len(g.addrs) >= maxGuardedAddrs {
+				return
+			}
+		}
+		f = &authFailures{windowStart: now}
+		g.addrs[addr] = f
+	}
+	if now.Sub(f.windowStart) >= authWindow {
+		f.windowStart, f.failures = now, 0
+	}
+	f.failures++
+	f.unlogged++
+	if f.failures >= maxAuthFailures && !now.Before(f.blockedUntil) {
+		f.blockedUntil = now.Add(authWindow)
+		g.blocked.Add(1)
+		time.AfterFunc(authWindow, func() { g.blocked.Add(-1) })
+		g.log.Warn("authentication failed too often: this address is answered 429 for a minute, whatever key it sends",
+			"client", addr, "failures", f.unlogged, "last", why)
+		f.unlogged, f.loggedAt = 0, now
+		return
+	}
+	if now.Sub(f.loggedAt) >= authWindow {
+		g.log.Warn("authentication failed", "client", addr, "failures", f.unlogged, "last", why)
+		f.unlogged, f.loggedAt = 0, now
+	}
+}
+
+// sweep forgets addresses with nothing in force: no failure in the last
+// minute and no block.
+func (g *authGuard) sweep(now time.Time) {
+	for addr, f := range g.addrs {
+		if f.unlogged == 0 && now.Sub(f.windowStart) >= authWindow && !now.Before(f.blockedUntil) {
+			delete(g.addrs, addr)
+		}
+	}
+}
+
+// watch logs, once a minute, the failures an address made since its last
+// line, and forgets quiet addresses, until ctx ends.
+func (g *authGuard) watch(ctx context.Context) {
+	tick := time.NewTicker(authWindow / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			g.mu.Lock()
+			for addr, f := range g.addrs {
+				if f.unlogged > 0 && now.Sub(f.loggedAt) >= authWindow {
+					g.log.Warn("authentication failed", "client", addr, "failures", f.unlogged)
+					f.unlogged, f.loggedAt = 0, now
+				}
+			}
+			g.sweep(now)
+			g.mu.Unlock()
+		}
+	}
 }

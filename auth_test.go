@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -93,10 +97,12 @@ func TestParseAPIKeys(t *testing.T) {
 	}{
 		{"", nil, ""},
 		{" , ,", nil, ""},
-		{"one", []string{"one"}, ""},
-		{" one , two ,, three ", []string{"one", "two", "three"}, ""},
-		{"good, bad key", nil, "API key number 2 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
+		{"key-one-0123456789ab", []string{"key-one-0123456789ab"}, ""},
+		{" key-one-0123456789ab , key-two-0123456789ab ,, key-three-0123456789a ", []string{"key-one-0123456789ab", "key-two-0123456789ab", "key-three-0123456789a"}, ""},
+		{"good-key-0123456789ab, bad key", nil, "API key number 2 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
 		{"ключ", nil, "API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
+		{"key-one-0123456789ab,a", nil, "API key number 2 is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
+		{"s3cret-key", nil, "API key number 1 is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
 	}
 	for _, tt := range tests {
 		got, err := parseAPIKeys(tt.list)
@@ -119,7 +125,7 @@ func TestParseAPIKeys(t *testing.T) {
 		if len(got) != len(tt.want) {
 			t.Errorf("parseAPIKeys(%q) has %d keys, want %d", tt.list, len(got), len(tt.want))
 		}
-		if ring.acceptsDigest(sha256Sum("")) || ring.acceptsDigest(sha256Sum(" one")) {
+		if ring.acceptsDigest(sha256Sum("")) || ring.acceptsDigest(sha256Sum(" key-one-0123456789ab")) {
 			t.Errorf("parseAPIKeys(%q) accepts a key it should not", tt.list)
 		}
 	}
@@ -133,15 +139,16 @@ func TestKeysFile(t *testing.T) {
 		want    []keyDigest
 		wantErr string
 	}{
-		{"plain and hashed keys with comments", "# back office\nplain-key\n\n  sha256:" + hexDigest("hashed-key") + "  # scripts\n#old-key\n",
-			[]keyDigest{digestOf("plain-key"), digestOf("hashed-key")}, ""},
+		{"plain and hashed keys with comments", "# back office\nplain-key-0123456789ab\n\n  sha256:" + hexDigest("hashed-key") + "  # scripts\n#old-key\n",
+			[]keyDigest{digestOf("plain-key-0123456789ab"), digestOf("hashed-key")}, ""},
 		{"empty file", "", nil, ""},
 		{"only comments", "# nothing yet\n", nil, ""},
-		{"CRLF line ends", "a-key\r\nb-key\r\n", []keyDigest{digestOf("a-key"), digestOf("b-key")}, ""},
-		{"two words", "good-key\nsecret-one secret-two\n", nil, "line 2: more than one word; write one key a line, comments after #"},
+		{"CRLF line ends", "a-key-0123456789abcdef\r\nb-key-0123456789abcdef\r\n", []keyDigest{digestOf("a-key-0123456789abcdef"), digestOf("b-key-0123456789abcdef")}, ""},
+		{"two words", "good-key-0123456789ab\nsecret-one secret-two\n", nil, "line 2: more than one word; write one key a line, comments after #"},
 		{"short digest", "sha256:abcd\n", nil, "line 1: sha256: must be followed by the 64 hex digits of the key's SHA-256 digest"},
 		{"digest not hex", "sha256:" + strings.Repeat("z", 64) + "\n", nil, "line 1: sha256: must be followed by the 64 hex digits of the key's SHA-256 digest"},
 		{"non-ASCII key", "ключ\n", nil, "line 1: a key must be printable ASCII without spaces"},
+		{"short key", "plain-key-0123456789ab\nsecret\n", nil, "line 2: the key is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -185,7 +192,7 @@ func TestKeysFileReloadOnSIGHUP(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("old-key\nsha256:" + hexDigest("new-key") + "\n")
+	write("old-key-0123456789abcdef\nsha256:" + hexDigest("new-key-0123456789abcdef") + "\n")
 	env := map[string]string{"PETSTORE_API_KEYS_FILE": keysFile, "PETSTORE_DB": filepath.Join(dir, "pets.db")}
 	base, stderr, _ := startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
 	hup := func() {
@@ -197,34 +204,108 @@ func TestKeysFileReloadOnSIGHUP(t *testing.T) {
 	refused := func(key string) {
 		checkReply(t, send(t, "GET", base+"/v1/pets", key, ""), 401, nil, errBody(401, codeUnauthorized, "invalid API key"))
 	}
-	ok("old-key")
-	ok("new-key")
+	ok("old-key-0123456789abcdef")
+	ok("new-key-0123456789abcdef")
 
-	// Revoke old-key without a restart.
-	write("# old-key revoked\nsha256:" + hexDigest("new-key") + "\n")
+	// Revoke old-key-0123456789abcdef without a restart.
+	write("# old-key-0123456789abcdef revoked\nsha256:" + hexDigest("new-key-0123456789abcdef") + "\n")
 	hup()
 	waitForLog(t, stderr, `API keys reloaded" keys=1`, 1)
-	refused("old-key")
-	ok("new-key")
+	refused("old-key-0123456789abcdef")
+	ok("new-key-0123456789abcdef")
 
 	// A broken file changes nothing and says why.
-	write("new-key\nsha256:broken\n")
+	write("new-key-0123456789abcdef\nsha256:broken\n")
 	hup()
 	waitForLog(t, stderr, `API keys not reloaded; the previous keys stay in force" err="API keys file \S+ line 2: sha256: must be followed`, 1)
-	ok("new-key")
-	refused("old-key")
+	ok("new-key-0123456789abcdef")
+	refused("old-key-0123456789abcdef")
+
+	// So does a key too short to be safe; the error names the line.
+	write("new-key-0123456789abcdef\nguessable\n")
+	hup()
+	waitForLog(t, stderr, `API keys not reloaded; the previous keys stay in force" err="API keys file \S+ line 2: the key is shorter than 20 characters`, 1)
+	ok("new-key-0123456789abcdef")
 
 	// A file with no key (all comments, or emptied by a > typed for >>)
 	// is refused as at start: it would lock every client out.
-	write("# every key commented out\n# new-key\n")
+	write("# every key commented out\n# new-key-0123456789abcdef\n")
 	hup()
 	waitForLog(t, stderr, `level=ERROR msg="SIGHUP: API keys not reloaded; the previous keys stay in force" err="API keys file `+regexp.QuoteMeta(keysFile)+` holds no key"`, 1)
-	ok("new-key")
+	ok("new-key-0123456789abcdef")
 	write("")
 	hup()
 	waitForLog(t, stderr, `API keys not reloaded; the previous keys stay in force" err="API keys file \S+ holds no key"`, 2)
-	ok("new-key")
-	if strings.Contains(stderr.String(), "old-key") || strings.Contains(stderr.String(), "new-key") {
+	ok("new-key-0123456789abcdef")
+	if strings.Contains(stderr.String(), "old-key-0123456789abcdef") || strings.Contains(stderr.String(), "new-key-0123456789abcdef") {
 		t.Errorf("log shows a key:\n%s", stderr.String())
 	}
+}
+
+// TestFailedAuthenticationPerAddress sends 1,000 wrong keys to the binary
+// from one address while a client with a valid key calls from another.
+// The guesser gets at most 20 answers of 401 before 429s with Retry-After,
+// also for a valid key from its address; at most two WARN lines name its
+// address, never a key; the other client never fails.
+func TestFailedAuthenticationPerAddress(t *testing.T) {
+	logs := &syncBuffer{}
+	base, _ := startBinary(t, nil, nil, logs)
+	from := func(ip string) *http.Client {
+		dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		return &http.Client{Timeout: patience, Transport: &http.Transport{DialContext: dialer.DialContext}}
+	}
+	get := func(c *http.Client, key string) (int, http.Header) {
+		req, _ := http.NewRequest("GET", base+"/v1/pets", nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, nil
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header
+	}
+	office := from("127.0.0.2")
+	var officeFailures atomic.Int64
+	stop := inLoops(t, 2, func() {
+		if status, _ := get(office, testKey); status != 200 {
+			officeFailures.Add(1)
+		}
+	})
+	guesser := from("127.0.0.1")
+	answers := map[int]int{}
+	unauthorizedBefore429 := 0
+	for i := range 1000 {
+		status, h := get(guesser, fmt.Sprintf("wrong-key-%04d-0123456789", i))
+		answers[status]++
+		if status == 401 && answers[429] == 0 {
+			unauthorizedBefore429++
+		}
+		if status == 429 && h.Get("Retry-After") == "" {
+			t.Fatalf("429 without Retry-After")
+		}
+	}
+	if status, h := get(guesser, testKey); status != 429 {
+		t.Errorf("a valid key from the blocked address: %d, want 429 (a guesser must not tell it apart)", status)
+	} else if secs, err := strconv.Atoi(h.Get("Retry-After")); err != nil || secs < 1 || secs > 60 {
+		t.Errorf("Retry-After %q, want 1 to 60 seconds", h.Get("Retry-After"))
+	}
+	stop()
+	if unauthorizedBefore429 > 20 || answers[401]+answers[429] != 1000 {
+		t.Errorf("1,000 wrong keys from one address were answered %v, with %d 401s before the first 429; want at most 20", answers, unauthorizedBefore429)
+	}
+	if n := officeFailures.Load(); n != 0 {
+		t.Errorf("%d requests with a valid key from another address failed meanwhile", n)
+	}
+	warns := countLines(logs, `level=WARN msg="authentication failed[^"]*" client=127\.0\.0\.1 failures=\d+`)
+	if all := countLines(logs, `level=WARN`); warns < 1 || all != warns || all > 2 {
+		t.Errorf("%d WARN lines, %d of them about failed authentication from 127.0.0.1; want 1 or 2:\n%.3000s", all, warns, logs)
+	}
+	if strings.Contains(logs.String(), "wrong-key-") || strings.Contains(logs.String(), testKey) {
+		t.Error("the log shows a key")
+	}
+	t.Logf("1,000 wrong keys from one address: %v, %d answered 401 before the first 429", answers, unauthorizedBefore429)
 }

@@ -409,7 +409,7 @@ func startFloor(b *testing.B, list, listSold, one reply) string {
 		b.Fatal(err)
 	}
 	srv := &http.Server{
-		Handler:           requireAPIKey(newKeyRing(digests), func(*http.Request, keyDigest) {}, handler),
+		Handler:           requireAPIKey(newKeyRing(digests), nil, func(*http.Request, keyDigest) {}, handler),
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,
 		WriteTimeout:      cfg.writeTimeout,

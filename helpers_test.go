@@ -28,7 +28,7 @@ import (
 )
 
 // testKey is the API key every test server accepts.
-const testKey = "test-key-4f1d2c"
+const testKey = "test-key-4f1d2c-9a7e5b3c"
 
 // newTestServer starts the real handler on a real listener over a fresh
 // database file in a temp dir.

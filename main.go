@@ -138,9 +138,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	defer store.close()
 
+	guard := newAuthGuard(log)
+	go guard.watch(ctx)
 	srv := &http.Server{
 		Handler: newHandler(&server{store: store, keys: keys, log: log, corsOrigins: cfg.corsOrigins,
-			createWithin: createDeadline(cfg.writeTimeout), limiter: newRateLimiter(cfg.rateLimit)}),
+			createWithin: createDeadline(cfg.writeTimeout), limiter: newRateLimiter(cfg.rateLimit), guard: guard}),
 		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,

@@ -36,24 +36,24 @@ import (
 // is still there after a restart.
 func TestRun(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "run.db")
-	env := map[string]string{"PETSTORE_API_KEYS": " k1 , " + testKey + " ,", "PETSTORE_DB": db}
+	env := map[string]string{"PETSTORE_API_KEYS": " first-key-0123456789ab , " + testKey + " ,", "PETSTORE_DB": db}
 	base, stderr, stop := startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
 
 	checkReply(t, send(t, "GET", base+"/healthz", "", ""), 200, nil, `{"status":"ok"}`)
-	checkReply(t, send(t, "POST", base+"/v1/pets", "k1", `{"name":"Rex","categoryId":1}`), 201,
+	checkReply(t, send(t, "POST", base+"/v1/pets", "first-key-0123456789ab", `{"name":"Rex","categoryId":1}`), 201,
 		map[string]string{"Location": "/v1/pets/1"}, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
 	checkReply(t, send(t, "GET", base+"/v1/pets", testKey, ""), 200, nil, `[{"id":1,"name":"Rex","categoryId":1,"status":"available"}]`)
 	if err := stop(); err != nil {
 		t.Fatalf("run returned %v after cancel, want nil", err)
 	}
-	for _, secret := range []string{"k1", testKey} {
+	for _, secret := range []string{"first-key-0123456789ab", testKey} {
 		if strings.Contains(stderr.String(), "Bearer "+secret) || strings.Contains(stderr.String(), secret+" ") {
 			t.Errorf("log shows a key:\n%s", stderr.String())
 		}
 	}
 
 	base, _, _ = startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
-	checkReply(t, send(t, "GET", base+"/v1/pets/1", "k1", ""), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
+	checkReply(t, send(t, "GET", base+"/v1/pets/1", "first-key-0123456789ab", ""), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
 }
 
 // TestRunGeneratesKey: with no key configured the first start works at
@@ -98,6 +98,8 @@ func TestRunFailures(t *testing.T) {
 		{"unknown flag", []string{"-nope"}, env, "flag provided but not defined: -nope"},
 		{"bad key list", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "a b"},
 			"PETSTORE_API_KEYS: API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
+		{"one-character key", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "a"},
+			"PETSTORE_API_KEYS: API key number 1 is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
 		{"stray argument", []string{"serve"}, env, `unexpected argument "serve" (commands: backup, restore, keygen)`},
 		{"bad log format", []string{"-log-format", "xml"}, env, `-log-format (PETSTORE_LOG_FORMAT) must be text or json, got "xml"`},
 		{"bad log level", []string{"-log-level", "loud"}, env, `-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got "loud"`},

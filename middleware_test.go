@@ -181,7 +181,7 @@ func TestRateLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.close()
-	digests, _ := parseAPIKeys(testKey + ",second-key")
+	digests, _ := parseAPIKeys(testKey + ",second-key-0123456789ab")
 	limit, err := parseRateLimit("3/m", "")
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestRateLimit(t *testing.T) {
 			errBody(429, codeRateLimited, fmt.Sprintf("rate limit of this API key exceeded (3 requests, refilled over 60 s); retry after %d s", wait)))
 	}
 	// Another key has its own bucket.
-	other := map[string]string{"Authorization": "Bearer second-key"}
+	other := map[string]string{"Authorization": "Bearer second-key-0123456789ab"}
 	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets", header: other}), 200,
 		map[string]string{"RateLimit": `"per-key";r=2;t=20`}, `[]`)
 	// Not limited: health, the document, and wrong or missing keys.

@@ -22,6 +22,9 @@ type server struct {
 	// answered (see createDeadline); 0: no bound.
 	createWithin time.Duration
 	limiter      *rateLimiter // nil: no rate limit
+	// guard answers 429 to an address that fails authentication too
+	// often; nil: none.
+	guard *authGuard
 }
 
 // route is one operation the service serves.
@@ -53,7 +56,7 @@ func (s *server) routes() []route {
 func newHandler(s *server) http.Handler {
 	mux := http.NewServeMux()
 	keyed := func(h http.Handler) http.Handler {
-		return requireAPIKey(s.keys, noteKeyID, s.limiter.limit(h))
+		return requireAPIKey(s.keys, s.guard, noteKeyID, s.limiter.limit(h))
 	}
 	wrap := func(r route, h http.Handler) http.Handler {
 		if !r.public {
