@@ -388,3 +388,12 @@ func (g *authGuard) watch(ctx context.Context) {
 		}
 	}
 }
+
+// idempotencyScope is what an Idempotency-Key is stored with, so that it
+// belongs to the API key that sent it: a digest derived from the key's,
+// for this use only, so the database holds nothing a keys file line would
+// match.
+func idempotencyScope(d keyDigest) []byte {
+	sum := sha256.Sum256(append([]byte("petstore idempotency scope\x00"), d[:]...))
+	return sum[:16]
+}

@@ -157,6 +157,9 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := createRequest{pet: np, idempotencyKey: key}
+	if info := requestInfoFrom(r.Context()); info.hasKey {
+		c.scope = idempotencyScope(info.key)
+	}
 	if s.createWithin > 0 {
 		c.deadline = start.Add(s.createWithin)
 		// A create whose commit has begun is answered with its outcome,

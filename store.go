@@ -95,6 +95,26 @@ var migrations = []string{
 			OR (NEW.idempotency_key IS NOT NULL
 				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_key = NEW.idempotency_key))
 		BEGIN UPDATE pets_changes SET changed = changed + 1; END;`,
+
+	// 5 -> 6: an Idempotency-Key belongs to the API key that sent it, as
+	// in Stripe's API and the IETF draft: two clients that both number
+	// their orders must not get each other's pets. The scope is a digest
+	// derived from the API key's (idempotencyScope), never the key. Rows
+	// from before this version have no scope, and match no request: which
+	// client sent them is not known, and replaying one to another client
+	// is the loss this prevents (a retry that spans the upgrade makes a
+	// second pet instead).
+	`ALTER TABLE pets ADD COLUMN idempotency_scope BLOB;
+	DROP INDEX pets_idempotency_key;
+	CREATE UNIQUE INDEX pets_idempotency_key ON pets (idempotency_scope, idempotency_key)
+		WHERE idempotency_key IS NOT NULL AND idempotency_scope IS NOT NULL;
+	DROP TRIGGER pets_replacing;
+	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
+		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
+			OR (NEW.idempotency_key IS NOT NULL AND NEW.idempotency_scope IS NOT NULL
+				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_scope = NEW.idempotency_scope
+					AND idempotency_key = NEW.idempotency_key))
+		BEGIN UPDATE pets_changes SET changed = changed + 1; END;`,
 }
 
 // topIDQuery is the highest id the file holds or has handed out

@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -127,7 +129,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 	if diff := cmp.Diff(Pet{ID: 1, Name: "Old", CategoryID: 4, Status: "sold"}, got); diff != "" {
 		t.Errorf("pet after migration (-want +got):\n%s", diff)
 	}
-	req := createRequest{pet: NewPet{Name: "New", CategoryID: 1, Status: "available"}, idempotencyKey: "k"}
+	req := createRequest{pet: NewPet{Name: "New", CategoryID: 1, Status: "available"}, idempotencyKey: "k", scope: idempotencyScope(sha256Sum(testKey))}
 	first, _, err := s.createPet(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
@@ -216,6 +218,8 @@ func TestForeignFiles(t *testing.T) {
 		s.close()
 		db, _ := sql.Open("sqlite3", path)
 		for _, q := range []string{"DROP TRIGGER pets_inserted", "DROP TRIGGER pets_updated", "DROP TRIGGER pets_deleted", "DROP TRIGGER pets_replacing",
+			"DROP INDEX pets_idempotency_key", "ALTER TABLE pets DROP COLUMN idempotency_scope",
+			"CREATE UNIQUE INDEX pets_idempotency_key ON pets (idempotency_key) WHERE idempotency_key IS NOT NULL",
 			"DROP TABLE pets_changes", "PRAGMA application_id = 0", "PRAGMA user_version = 3"} {
 			if _, err := db.Exec(q); err != nil {
 				t.Fatalf("%s: %v", q, err)
@@ -234,4 +238,49 @@ func TestForeignFiles(t *testing.T) {
 			t.Errorf("application_id %#x, user_version %d; want %#x, %d", id, version, petstoreApplicationID, len(migrations))
 		}
 	})
+}
+
+// TestIdempotencyKeysBelongToTheirAPIKey: two API keys sending the same
+// Idempotency-Key get two pets, each its own replay; a key used before the
+// keys were scoped (a version 5 file) matches no client after the upgrade.
+func TestIdempotencyKeysBelongToTheirAPIKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v5.db")
+	db, err := sql.Open("sqlite3", sqliteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range append(slices.Clone(migrations[:5]), "PRAGMA user_version = 5",
+		`INSERT INTO pets (name, category_id, status, idempotency_key, request_fingerprint) VALUES ('Old', 1, 'available', 'order-1', x'00')`) {
+		if _, err := db.Exec(stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	store, err := openStore(path, storeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.close() })
+	const second = "second-key-0123456789ab"
+	digests, err := parseAPIKeys(testKey + "," + second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger()}))
+	t.Cleanup(srv.Close)
+	create := func(apiKey, body string) reply {
+		return do(t, srv, call{method: "POST", path: "/v1/pets", body: body,
+			header: map[string]string{"Authorization": "Bearer " + apiKey, "Idempotency-Key": "order-1"}})
+	}
+	rex := `{"name":"Rex","categoryId":1}`
+	checkReply(t, create(testKey, rex), 201, map[string]string{"Idempotent-Replayed": ""}, `{"id":2,"name":"Rex","categoryId":1,"status":"available"}`)
+	checkReply(t, create(second, rex), 201, map[string]string{"Idempotent-Replayed": ""}, `{"id":3,"name":"Rex","categoryId":1,"status":"available"}`)
+	checkReply(t, create(testKey, rex), 201, map[string]string{"Idempotent-Replayed": "true"}, `{"id":2,"name":"Rex","categoryId":1,"status":"available"}`)
+	checkReply(t, create(second, rex), 201, map[string]string{"Idempotent-Replayed": "true"}, `{"id":3,"name":"Rex","categoryId":1,"status":"available"}`)
+	checkReply(t, create(second, `{"name":"Tom","categoryId":1}`), 422, nil,
+		errBody(422, codeIdempotencyKeyReused, "this Idempotency-Key was already used for a different pet; use a new key for a new request"))
+	var scoped int
+	if err := store.readers.QueryRow("SELECT count(DISTINCT idempotency_scope) FROM pets WHERE idempotency_key = 'order-1'").Scan(&scoped); err != nil || scoped != 2 {
+		t.Errorf("%d scopes stored for order-1 (%v), want 2 (the old row has none)", scoped, err)
+	}
 }

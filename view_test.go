@@ -354,7 +354,7 @@ func TestViewSeesReplaces(t *testing.T) {
 	}
 	defer other.Close()
 	for _, q := range []string{
-		"INSERT OR REPLACE INTO pets (name, category_id, status, idempotency_key) VALUES ('Ghost', 1, 'sold', 'k2')",
+		"INSERT OR REPLACE INTO pets (name, category_id, status, idempotency_key, idempotency_scope) VALUES ('Ghost', 1, 'sold', 'k2', (SELECT idempotency_scope FROM pets WHERE idempotency_key = 'k2'))",
 		"INSERT OR REPLACE INTO pets (id, name, category_id, status) VALUES (2, 'B again', 5, 'pending')",
 	} {
 		if _, err := other.Exec(q); err != nil {

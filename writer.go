@@ -45,6 +45,8 @@ type writeQueue struct {
 type createRequest struct {
 	pet            NewPet
 	idempotencyKey string // "" when the client sent none
+	// scope is the API key's idempotencyScope: a key belongs to its client.
+	scope []byte
 	// deadline is when the client must have its answer; a create whose
 	// commit has not begun by then is not stored. Zero: none.
 	deadline time.Time
@@ -439,8 +441,8 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 		stmt **sql.Stmt
 		text string
 	}{
-		{&w.findKey, "SELECT id, name, category_id, status, request_fingerprint FROM pets WHERE idempotency_key = ?"},
-		{&w.insert, "INSERT INTO pets (name, category_id, status, idempotency_key, request_fingerprint) VALUES (?, ?, ?, ?, ?)"},
+		{&w.findKey, "SELECT id, name, category_id, status, request_fingerprint FROM pets WHERE idempotency_scope = ? AND idempotency_key = ?"},
+		{&w.insert, "INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint) VALUES (?, ?, ?, ?, ?, ?)"},
 		{&w.beginTx, "BEGIN IMMEDIATE"},
 		{&w.commitTx, "COMMIT"},
 		{&w.rollTx, "ROLLBACK"},
@@ -689,13 +691,13 @@ func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
 // in the same batch, cannot both insert; the unique index would refuse the
 // second anyway.
 func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool, error) {
-	var key, keyFP any // NULL without an idempotency key
+	var key, scope, keyFP any // NULL without an idempotency key
 	if c.idempotencyKey != "" {
 		fp := c.fingerprint()
-		key, keyFP = c.idempotencyKey, fp
+		key, scope, keyFP = c.idempotencyKey, c.scope, fp
 		var p Pet
 		var storedFP []byte
-		err := w.findKey.QueryRowContext(ctx, c.idempotencyKey).
+		err := w.findKey.QueryRowContext(ctx, c.scope, c.idempotencyKey).
 			Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status, &storedFP)
 		switch {
 		case err == nil && bytes.Equal(storedFP, fp):
@@ -706,7 +708,7 @@ func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool
 			return Pet{}, false, err
 		}
 	}
-	res, err := w.insert.ExecContext(ctx, c.pet.Name, c.pet.CategoryID, c.pet.Status, key, keyFP)
+	res, err := w.insert.ExecContext(ctx, c.pet.Name, c.pet.CategoryID, c.pet.Status, key, scope, keyFP)
 	if err != nil {
 		return Pet{}, false, err
 	}
