@@ -144,3 +144,82 @@ func (w *logWriter) close(wait time.Duration) {
 	case <-time.After(wait):
 	}
 }
+
+// logLimiter lets a repeated warning through at most once per key (an
+// origin, an address, a kind of error) per period, and counts the ones it
+// held back, so the next line for the key can say how many. Memory is
+// bounded: it remembers at most max keys, and when full forgets the ones
+// whose period is over, or else half of them (a forgotten key may be
+// logged again early). With perMinute > 0 it also lets through at most
+// that many lines a minute over all keys, so a flood of made-up keys
+// cannot flood the log; a key held back by that limit is not marked as
+// logged, so it shows at its next occurrence once the flood thins.
+type logLimiter struct {
+	period    time.Duration
+	max       int
+	perMinute int
+
+	mu         sync.Mutex
+	seen       map[string]*limitedLine
+	minute     time.Time // start of the minute perMinute counts in
+	inMinute   int       // lines let through in it
+	overBudget int       // lines held back by perMinute since the last line
+}
+
+type limitedLine struct {
+	last time.Time
+	held int // lines held back since last
+}
+
+func newLogLimiter(period time.Duration, max, perMinute int) *logLimiter {
+	return &logLimiter{period: period, max: max, perMinute: perMinute, seen: map[string]*limitedLine{}}
+}
+
+// allow reports whether a line for key may be logged now, with how many
+// lines for it were held back since its last one, and how many lines for
+// any key the per-minute limit held back since the last line let through.
+func (l *logLimiter) allow(key string, now time.Time) (ok bool, held, others int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.seen[key]
+	if e != nil && now.Sub(e.last) < l.period {
+		e.held++
+		return false, 0, 0
+	}
+	if l.perMinute > 0 {
+		if now.Sub(l.minute) >= time.Minute {
+			l.minute, l.inMinute = now, 0
+		}
+		if l.inMinute >= l.perMinute {
+			l.overBudget++
+			return false, 0, 0
+		}
+		l.inMinute++
+	}
+	if e == nil {
+		if len(l.seen) >= l.max {
+			l.forget(now)
+		}
+		e = &limitedLine{}
+		l.seen[key] = e
+	}
+	held, others = e.held, l.overBudget
+	e.last, e.held, l.overBudget = now, 0, 0
+	return true, held, others
+}
+
+// forget makes room: keys whose period is over go, and if that is not
+// enough, half of the rest, whichever the map's order gives.
+func (l *logLimiter) forget(now time.Time) {
+	for k, e := range l.seen {
+		if now.Sub(e.last) >= l.period {
+			delete(l.seen, k)
+		}
+	}
+	for k := range l.seen {
+		if len(l.seen) < l.max/2 {
+			break
+		}
+		delete(l.seen, k)
+	}
+}

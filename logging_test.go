@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func TestLogLevelAndFormat(t *testing.T) {
@@ -110,5 +112,48 @@ func TestStalledLogPipe(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("exit after SIGTERM with no log reader: %v, want status 0", err)
+	}
+}
+
+// TestLogLimiter: a key is let through once per period with the count
+// of what it held back; a flood of new keys gets at most perMinute lines
+// a minute and bounded memory, and a key that comes after the flood is
+// still logged, with the count of the lines the flood did not get.
+func TestLogLimiter(t *testing.T) {
+	l := newLogLimiter(time.Hour, 1000, 60)
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	type got struct {
+		ok           bool
+		held, others int
+	}
+	allow := func(key string, at time.Duration) got {
+		ok, held, others := l.allow(key, t0.Add(at))
+		return got{ok, held, others}
+	}
+	if diff := cmp.Diff(got{true, 0, 0}, allow("https://a.example", 0), cmp.AllowUnexported(got{})); diff != "" {
+		t.Errorf("first line (-want +got):\n%s", diff)
+	}
+	for i := range 5 {
+		if g := allow("https://a.example", time.Duration(i+1)*time.Second); g.ok {
+			t.Errorf("repeat %d within the hour let through", i)
+		}
+	}
+	let := 0
+	for i := range 20_000 {
+		if allow(fmt.Sprintf("https://junk-%d.example", i), 10*time.Second).ok {
+			let++
+		}
+	}
+	if let != 59 { // a.example took one of the minute's 60
+		t.Errorf("%d of 20,000 new keys let through in one minute, want 59", let)
+	}
+	if len(l.seen) > 1000 {
+		t.Errorf("%d keys remembered, want at most 1000", len(l.seen))
+	}
+	if diff := cmp.Diff(got{true, 0, 20_000 - 59}, allow("https://office-moved.example", 2*time.Minute), cmp.AllowUnexported(got{})); diff != "" {
+		t.Errorf("a key after the flood (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(got{true, 5, 0}, allow("https://a.example", time.Hour+time.Second), cmp.AllowUnexported(got{})); diff != "" {
+		t.Errorf("the first key an hour later (-want +got):\n%s", diff)
 	}
 }

@@ -175,7 +175,7 @@ func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
 // readable. Other origins get no CORS headers, so browsers keep their
 // default of refusing.
 func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[string][]string, next http.Handler) http.Handler {
-	refused := &refusedOrigins{log: log, seen: map[string]bool{}}
+	refused := &refusedOrigins{log: log, lines: newLogLimiter(time.Hour, maxLoggedOrigins, maxOriginLinesPerMinute)}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin := r.Header.Get("Origin")
 		if origin == "" {
@@ -210,36 +210,35 @@ func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[st
 	})
 }
 
-// refusedOrigins logs, once per origin, a browser page on another origin
-// that the service refuses (browsers then block it without a word to the
-// server's operator): a page moved, or -cors-origins lacks it. At most
-// maxLoggedOrigins are remembered, so a flood of made-up origins cannot
-// grow memory or the log.
+// refusedOrigins logs a browser page on another origin that the service
+// refuses (browsers then block it without a word to the server's
+// operator): a page moved, or -cors-origins lacks it. Each origin is
+// logged at most once an hour, with how many of its requests were refused
+// since its last line, whenever it comes: a misconfiguration that appears
+// after a flood of made-up origins still shows. Memory and the log stay
+// bounded: at most maxLoggedOrigins are remembered, and at most
+// maxOriginLinesPerMinute lines are written a minute, the next one saying
+// how many were not.
 type refusedOrigins struct {
-	log     *slog.Logger
-	mu      sync.Mutex
-	seen    map[string]bool
-	dropped bool
+	log   *slog.Logger
+	lines *logLimiter
 }
 
-const maxLoggedOrigins = 100
+const (
+	maxLoggedOrigins        = 10_000
+	maxOriginLinesPerMinute = 60
+)
 
 func (o *refusedOrigins) note(r *http.Request, origin string) {
 	if u, err := url.Parse(origin); err == nil && u.Host == r.Host {
 		return // the page is on the service's own origin: no CORS involved
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	switch {
-	case o.seen[origin]:
-	case len(o.seen) < maxLoggedOrigins:
-		o.seen[origin] = true
-		o.log.WarnContext(r.Context(), "browser origin refused: it is not in -cors-origins, so browsers will not let its pages read the answers; add it there if it is the back office",
-			"origin", origin, "method", r.Method, "path", r.URL.Path)
-	case !o.dropped:
-		o.dropped = true
-		o.log.WarnContext(r.Context(), "browser origin refused; more refused origins will not be logged", "origin", origin)
+	ok, held, others := o.lines.allow(origin, time.Now())
+	if !ok {
+		return
 	}
+	o.log.WarnContext(r.Context(), "browser origin refused: it is not in -cors-origins, so browsers will not let its pages read the answers; add it there if it is the back office",
+		"origin", origin, "method", r.Method, "path", r.URL.Path, "refused_since_last_line", held, "other_origins_not_logged", others)
 }
 
 // rejectUncleanPaths answers 404 for paths with "//", "." or ".."
