@@ -114,14 +114,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	keys := newKeyRing(digests)
 
 	var tlsConfig *tls.Config
+	var cert *certificate // nil: plain HTTP
 	if cfg.tlsCert != "" {
 		// Loaded now, so a bad certificate fails the start, not the first
 		// handshake.
-		cert, err := tls.LoadX509KeyPair(cfg.tlsCert, cfg.tlsKey)
-		if err != nil {
-			return fmt.Errorf("TLS certificate: %w", err)
+		if cert, err = loadCertificate(cfg.tlsCert, cfg.tlsKey); err != nil {
+			return err
 		}
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+		tlsConfig = cert.tlsConfig()
 	}
 
 	// Listen before opening anything else, so a busy port fails at once.
@@ -149,13 +149,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		WriteTimeout:      cfg.writeTimeout,
 		IdleTimeout:       cfg.idleTimeout,
 		MaxHeaderBytes:    cfg.maxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorLog:          newServerErrors(log),
 	}
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	go reloadKeysOnHUP(ctx, hup, keySrc, keys, log)
+	go reloadOnHUP(ctx, hup, keySrc, keys, cert, log)
 
 	serveErr := make(chan error, 1)
 	scheme := "http"
@@ -191,30 +191,46 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	return nil
 }
 
-// reloadKeysOnHUP re-reads the keys on every SIGHUP, so a key is added or
-// revoked without a restart. A file that does not parse changes nothing.
-func reloadKeysOnHUP(ctx context.Context, hup <-chan os.Signal, src keySource, keys *keyRing, log *slog.Logger) {
+// reloadOnHUP re-reads the keys, and the TLS certificate when there is
+// one, on every SIGHUP, so a key is added or revoked and a renewed
+// certificate served without a restart. A file that does not parse changes
+// nothing: what was in force stays.
+func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, src keySource, keys *keyRing, cert *certificate, log *slog.Logger) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-hup:
 		}
-		if src.file == "" {
-			log.Warn("SIGHUP: no API keys file configured (-api-keys-file); nothing to reload")
-			continue
+		if cert != nil {
+			if err := cert.reload(); err != nil {
+				log.Error("SIGHUP: TLS certificate not reloaded; the previous one stays in force", "err", err)
+			} else {
+				log.Info("SIGHUP: TLS certificate reloaded", "cert", cert.certFile)
+			}
 		}
-		digests, err := src.load()
-		if err == nil && len(digests) == 0 {
-			// As at start: a file with no key (all comments, or emptied by
-			// a > typed for >>) would lock every client out.
-			err = fmt.Errorf("API keys file %s holds no key", src.file)
-		}
-		if err != nil {
-			log.Error("SIGHUP: API keys not reloaded; the previous keys stay in force", "err", err)
-			continue
-		}
-		keys.set(digests)
-		log.Info("SIGHUP: API keys reloaded", "keys", len(digests))
+		reloadKeys(src, keys, log, cert != nil)
 	}
+}
+
+// reloadKeys is SIGHUP's reload of the keys.
+func reloadKeys(src keySource, keys *keyRing, log *slog.Logger, certToo bool) {
+	if src.file == "" {
+		if !certToo {
+			log.Warn("SIGHUP: no API keys file configured (-api-keys-file); nothing to reload")
+		}
+		return
+	}
+	digests, err := src.load()
+	if err == nil && len(digests) == 0 {
+		// As at start: a file with no key (all comments, or emptied by
+		// a > typed for >>) would lock every client out.
+		err = fmt.Errorf("API keys file %s holds no key", src.file)
+	}
+	if err != nil {
+		log.Error("SIGHUP: API keys not reloaded; the previous keys stay in force", "err", err)
+		return
+	}
+	keys.set(digests)
+	log.Info("SIGHUP: API keys reloaded", "keys", len(digests))
 }

@@ -215,7 +215,7 @@ func TestTLS(t *testing.T) {
 		want string
 	}{
 		{[]string{"-tls-cert", certFile}, "-tls-cert and -tls-key go together: give both or neither"},
-		{[]string{"-tls-cert", keyFile, "-tls-key", keyFile}, "TLS certificate: tls: failed to find certificate PEM data in certificate input, but did find a private key; PEM inputs may have been switched"},
+		{[]string{"-tls-cert", keyFile, "-tls-key", keyFile}, "TLS certificate " + keyFile + " and key " + keyFile + ": tls: failed to find certificate PEM data in certificate input, but did find a private key; PEM inputs may have been switched"},
 	} {
 		err := run(context.Background(), append([]string{"petstore", "-addr", "127.0.0.1:0"}, tt.args...), func(k string) string { return env[k] }, io.Discard, io.Discard)
 		if err == nil || err.Error() != tt.want {
