@@ -31,6 +31,7 @@ type config struct {
 	logLevel          slog.Level
 	corsOrigins       []string
 	maxConns          int
+	maxConnsPerClient int
 	rateLimit         rateLimit // zero: off
 	version           bool
 }
@@ -137,6 +138,8 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	var maxConns, rate, burst string
 	f.string(&maxConns, "max-conns", "PETSTORE_MAX_CONNS", "", fmt.Sprintf(
 		"most client connections open at once; more wait at the listener (default: the descriptor limit less room for the database, here %d)", defaultMaxConns()))
+	f.int(&c.maxConnsPerClient, "max-conns-per-client", "PETSTORE_MAX_CONNS_PER_CLIENT", 256,
+		"most connections one client address may hold open; more are answered 503 (behind a reverse proxy, every client has its address: raise it)")
 	f.string(&rate, "rate-limit", "PETSTORE_RATE_LIMIT", "", "requests per API key, such as 50/s, 3000/m or 100000/h; off when empty")
 	f.string(&burst, "rate-burst", "PETSTORE_RATE_BURST", "", "requests a key may send at once before the rate applies (default: the rate's count, 50 for 50/s)")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")

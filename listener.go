@@ -7,10 +7,13 @@ package main
 import (
 	"crypto/tls"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"net"
+	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,33 +33,153 @@ func defaultMaxConns() int {
 	return max(1, int(lim.Cur)-reserve)
 }
 
-// limitListener makes new connections wait in the listen queue while max
-// are open, so the process never runs out of descriptors for the ones it
-// has accepted or for its database.
+// limitListener caps client connections. While max are open, new ones
+// wait in the listen queue, so the process never runs out of descriptors
+// for the ones it has or for its database; and to make room, the
+// kept-alive connection idle the longest between requests is closed
+// first, so a client from another address is served. One address may hold at most perClient
+// connections: past that, a new one is answered 503 and closed, so one
+// client cannot take them all.
 type limitListener struct {
 	net.Listener
 	slots     chan struct{}
+	perClient int
+	plainHTTP bool // a refused connection gets an HTTP answer (not on TLS)
+	log       *slog.Logger
+	refusals  *logLimiter
+	answering chan struct{} // bounds the refused connections being answered
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	mu     sync.Mutex
+	open   map[string]int             // connections open per client address
+	states map[*limitedConn]time.Time // when each went idle; zero while busy
 }
 
-func newLimitListener(ln net.Listener, max int) *limitListener {
-	return &limitListener{Listener: ln, slots: make(chan struct{}, max), closed: make(chan struct{})}
+func newLimitListener(ln net.Listener, max, perClient int, plainHTTP bool, log *slog.Logger) *limitListener {
+	return &limitListener{Listener: ln, slots: make(chan struct{}, max), perClient: perClient, plainHTTP: plainHTTP,
+		log: log, refusals: newLogLimiter(time.Minute, 10_000, 60), answering: make(chan struct{}, 64),
+		closed: make(chan struct{}), open: map[string]int{}, states: map[*limitedConn]time.Time{}}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	case <-l.closed:
-		return nil, net.ErrClosed
+	for {
+		select {
+		case l.slots <- struct{}{}:
+		default:
+			l.closeLongestIdle()
+			select {
+			case l.slots <- struct{}{}:
+			case <-l.closed:
+				return nil, net.ErrClosed
+			}
+		}
+		c, err := l.Listener.Accept()
+		if err != nil {
+			<-l.slots
+			return nil, err
+		}
+		client := c.RemoteAddr().String()
+		if host, _, err := net.SplitHostPort(client); err == nil {
+			client = host
+		}
+		l.mu.Lock()
+		if n := l.open[client]; n >= l.perClient {
+			l.mu.Unlock()
+			<-l.slots
+			l.refuse(c, client, n)
+			continue
+		}
+		l.open[client]++
+		lc := &limitedConn{Conn: c, l: l, client: client}
+		// Not idle until its first request is answered: a client that has
+		// just connected must not lose its connection to the next one.
+		// (One that sends nothing is cut off by -read-header-timeout.)
+		l.states[lc] = time.Time{}
+		l.mu.Unlock()
+		return lc, nil
 	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.slots
-		return nil, err
-	}
-	return &limitedConn{Conn: c, release: sync.OnceFunc(func() { <-l.slots })}, nil
 }
+
+// connState is the http.Server's ConnState hook: it tells which
+// connections are idle, and since when.
+func (l *limitListener) connState(c net.Conn, state http.ConnState) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	lc, ok := c.(*limitedConn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, open := l.states[lc]; !open {
+		return
+	}
+	switch state {
+	case http.StateIdle:
+		l.states[lc] = time.Now()
+	case http.StateActive:
+		l.states[lc] = time.Time{}
+	}
+}
+
+// closeLongestIdle closes the connection that has been idle the longest,
+// if any is.
+func (l *limitListener) closeLongestIdle() {
+	l.mu.Lock()
+	var oldest *limitedConn
+	var since time.Time
+	for c, idle := range l.states {
+		if !idle.IsZero() && (oldest == nil || idle.Before(since)) {
+			oldest, since = c, idle
+		}
+	}
+	l.mu.Unlock()
+	if oldest != nil {
+		oldest.Close()
+	}
+}
+
+// refuse answers a connection past its address's cap, on plain HTTP with
+// a 503 that says why, and closes it; it is logged at most once a minute
+// per address, with a count.
+func (l *limitListener) refuse(c net.Conn, client string, open int) {
+	if ok, held, _ := l.refusals.allow(client, time.Now()); ok {
+		l.log.Warn("connection refused: this client address has as many connections open as -max-conns-per-client allows",
+			"client", client, "open", open, "refused_since_last_line", held)
+	}
+	if !l.plainHTTP {
+		c.Close()
+		return
+	}
+	select {
+	case l.answering <- struct{}{}:
+	default:
+		c.Close() // too many being answered: no answer
+		return
+	}
+	go func() {
+		defer func() { <-l.answering }()
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Second))
+		c.Write(tooManyConnections)
+		// Read what the client sent, so closing does not reset the
+		// connection before the client has read the answer.
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.CloseWrite()
+		}
+		io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+	}()
+}
+
+// tooManyConnections is the answer on a connection past the cap.
+var tooManyConnections = func() []byte {
+	body := `{"code":"unavailable","message":"too many connections from this client address: close some, or reuse them (keep-alive), and retry","status":503}` + "\n"
+	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n" +
+		"X-Content-Type-Options: nosniff\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
 
 func (l *limitListener) Close() error {
 	l.closeOnce.Do(func() { close(l.closed) })
@@ -66,12 +189,22 @@ func (l *limitListener) Close() error {
 // limitedConn gives its slot back when it is closed.
 type limitedConn struct {
 	net.Conn
-	release func()
+	l         *limitListener
+	client    string
+	closeOnce sync.Once
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.release()
+	c.closeOnce.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.states, c)
+		if c.l.open[c.client]--; c.l.open[c.client] <= 0 {
+			delete(c.l.open, c.client)
+		}
+		c.l.mu.Unlock()
+		<-c.l.slots
+	})
 	return err
 }
 

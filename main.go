@@ -129,7 +129,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
-	ln := newLimitListener(tcpLn, cfg.maxConns)
+	ln := newLimitListener(tcpLn, cfg.maxConns, cfg.maxConnsPerClient, tlsConfig == nil, log)
 	defer ln.Close()
 
 	store, err := openStore(cfg.db, storeOptions{log: log})
@@ -150,6 +150,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		IdleTimeout:       cfg.idleTimeout,
 		MaxHeaderBytes:    cfg.maxHeaderBytes,
 		ErrorLog:          newServerErrors(log),
+		ConnState:         ln.connState,
 	}
 
 	hup := make(chan os.Signal, 1)
