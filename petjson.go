@@ -452,7 +452,52 @@ func decodeName(raw json.RawMessage, name *string) string {
 	if raw[0] != '"' || json.Unmarshal(raw, name) != nil {
 		return "name must be a string"
 	}
+	if hasLoneSurrogate(raw) {
+		// Unmarshal would store U+FFFD in its place without a word.
+		return "name must not contain a \\u escape of half a UTF-16 surrogate pair (such as \\ud800 alone): it is not a character"
+	}
 	return nameProblem(*name)
+}
+
+// hasLoneSurrogate reports whether a JSON string holds a \u escape of a
+// UTF-16 surrogate that is not one half of a pair: a high one followed by
+// a low one.
+func hasLoneSurrogate(raw []byte) bool {
+	surrogate := func(i int) (rune, bool) { // the \u escape at raw[i:]
+		if i+6 > len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(raw[i+2:i+6]), 16, 32)
+		return rune(n), err == nil
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		r, ok := surrogate(i)
+		switch {
+		case !ok:
+			i++ // another escape: skip the character it escapes
+		case r >= 0xD800 && r <= 0xDBFF:
+			if low, ok := surrogate(i + 6); !ok || low < 0xDC00 || low > 0xDFFF {
+				return true
+			}
+			i += 11
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return true
+		default:
+			i += 5
+		}
+	}
+	return false
+}
+
+// isFormatCharacter reports whether r is of Unicode category Cf: invisible
+// characters that change how the text around them shows, so a name made
+// of them looks empty, or reads differently from what is stored ("Trojan
+// Source"). The first is U+00AD.
+func isFormatCharacter(r rune) bool {
+	return r >= 0xAD && unicode.Is(unicode.Cf, r)
 }
 
 // nameProblem checks a decoded name against the rules for a pet's name;
@@ -465,6 +510,8 @@ func nameProblem(name string) string {
 		return fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(name))
 	case strings.IndexFunc(name, unicode.IsControl) >= 0:
 		return "name must not contain control characters (such as tab or newline)"
+	case strings.IndexFunc(name, isFormatCharacter) >= 0:
+		return "name must not contain invisible format characters (Unicode category Cf, such as U+200B zero-width space, U+FEFF or the U+202E right-to-left override)"
 	}
 	return ""
 }

@@ -266,3 +266,20 @@ func TestOversizedBodiesAnsweredWithoutWaiting(t *testing.T) {
 		})
 	}
 }
+
+func TestHasLoneSurrogate(t *testing.T) {
+	for raw, want := range map[string]bool{
+		`"Dog \ud83d\udc36"`:   false, // a pair: U+1F436
+		`"\\ud800"`:            false, // an escaped backslash, then "ud800"
+		`"\u00e9\n\"\\"`:       false,
+		`"\ud800"`:             true,
+		`"\uDBFF\uDBFF"`:       true,
+		`"\udc36"`:             true,
+		`"a\\\ud800"`:          true,
+		`"\ud83d\udc36\udc36"`: true,
+	} {
+		if got := hasLoneSurrogate([]byte(raw)); got != want {
+			t.Errorf("hasLoneSurrogate(%s) = %v, want %v", raw, got, want)
+		}
+	}
+}
