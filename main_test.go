@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -620,8 +621,29 @@ func TestSystemdUnit(t *testing.T) {
 	if out, err := exec.Command(analyze, append([]string{"verify"}, paths...)...).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}
+	// The companions run as petstore's dynamic user, hardened as it is:
+	// systemd's own score, offline, at most 2.0 ("OK") for each unit.
+	for _, name := range []string{"petstore.service", "petstore-litestream.service", "petstore-backup.service"} {
+		out, err := exec.Command(analyze, "security", "--offline=true", filepath.Join(dir, name)).CombinedOutput()
+		m := regexp.MustCompile(`Overall exposure level for \S+: (\d+\.\d)`).FindSubmatch(out)
+		if err != nil || m == nil {
+			t.Errorf("systemd-analyze security %s: %v\n%s", name, err, out)
+			continue
+		}
+		if score, _ := strconv.ParseFloat(string(m[1]), 64); score > 2.0 {
+			t.Errorf("systemd-analyze security scores %s %s, want at most 2.0:\n%s", name, m[1], out)
+		}
+		if name != "petstore.service" {
+			unit, _ := os.ReadFile(name)
+			for _, want := range []string{"DynamicUser=yes", "User=petstore", "CapabilityBoundingSet=", "SystemCallFilter=@system-service", "ProtectSystem=strict", "NoNewPrivileges=yes"} {
+				if !slices.Contains(strings.Split(string(unit), "\n"), want) {
+					t.Errorf("%s lacks the line %q", name, want)
+				}
+			}
+		}
+	}
 	backup, _ := os.ReadFile("petstore-backup.service")
-	if !strings.Contains(string(backup), "ExecStart=/usr/local/bin/petstore backup -db /var/lib/petstore/petstore.db -dir /var/backups/petstore/snapshots -keep 14\n") {
+	if !strings.Contains(string(backup), "ExecStart=/usr/local/bin/petstore backup -db /var/lib/petstore/petstore.db -dir /var/lib/petstore-backups/snapshots -keep 14\n") {
 		t.Error("petstore-backup.service does not run the snapshot with retention")
 	}
 }
