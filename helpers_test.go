@@ -656,3 +656,31 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+// getWith sends GET url through c, with the API key when key is not "",
+// and reads the answer away: its status and header.
+func getWith(c *http.Client, url, key string) (int, http.Header, error) {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header, err
+}
+
+// get200 is getWith for a call that must answer 200.
+func get200(c *http.Client, url, key string) error {
+	status, _, err := getWith(c, url, key)
+	if err == nil && status != 200 {
+		err = fmt.Errorf("status %d", status)
+	}
+	return err
+}

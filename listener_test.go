@@ -75,20 +75,7 @@ func TestCertificateReloadOnSIGHUP(t *testing.T) {
 	newCert, newKey, poolB := writeTestCertificate(t, dirB)
 	logs := &syncBuffer{}
 	base, cmd := startBinary(t, nil, []string{"-tls-cert", certFile, "-tls-key", keyFile}, logs)
-	get := func(c *http.Client) error {
-		req, _ := http.NewRequest("GET", base+"/v1/pets", nil)
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		resp, err := c.Do(req)
-		if err != nil {
-			return err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	}
+	get := func(c *http.Client) error { return get200(c, base+"/v1/pets", testKey) }
 	trusting := func(pool *x509.CertPool) *http.Client {
 		return &http.Client{Timeout: patience, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
 	}

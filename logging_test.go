@@ -48,20 +48,7 @@ func TestStalledLogPipe(t *testing.T) {
 	// A request held up by the log would hang: the timeout only has to
 	// tell a hang from a slow machine.
 	client := &http.Client{Timeout: patience}
-	get := func() error {
-		req, _ := http.NewRequest("GET", base+"/v1/pets?limit=1", nil)
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	}
+	get := func() error { return get200(client, base+"/v1/pets?limit=1", testKey) }
 	// Enough requests to overflow both the pipe (64 KiB) and the log's
 	// own queue (4 MiB, about 25,000 lines), so lines are dropped.
 	const clients, each = 8, 5000
