@@ -273,8 +273,11 @@ type authGuard struct {
 	log     *slog.Logger
 	blocked atomic.Int64 // addresses blocked now: 0 lets requests skip the lock
 
-	mu    sync.Mutex
-	addrs map[string]*authFailures
+	mu            sync.Mutex
+	addrs         map[string]*authFailures
+	minute        time.Time // the minute linesInMinute counts in
+	linesInMinute int
+	heldBack      int // lines mayLog refused since the last summary
 }
 
 type authFailures struct {
@@ -286,20 +289,26 @@ type authFailures struct {
 }
 
 const (
-	maxAuthFailures = 20
-	authWindow      = time.Minute
-	maxGuardedAddrs = 100_000
+	maxAuthFailures       = 20
+	authWindow            = time.Minute
+	maxGuardedAddrs       = 100_000
+	maxAuthLinesPerMinute = 60
 )
 
 func newAuthGuard(log *slog.Logger) *authGuard {
 	return &authGuard{log: log, addrs: map[string]*authFailures{}}
 }
 
-// clientAddr is the request's peer address without its port.
+// clientAddr is who the guard counts a request against: its peer
+// address without the port, and for IPv6 the /64 it is in, which one
+// subscriber holds whole.
 func clientAddr(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 	}
 	return host
 }
@@ -328,9 +337,9 @@ func (g *authGuard) failed(addr, why string, now time.Time) {
 	f := g.addrs[addr]
 	if f == nil {
 		if len(g.addrs) >= maxGuardedAddrs {
-			g.sweep(now)
+			g.makeRoom(now)
 			if len(g.addrs) >= maxGuardedAddrs {
-				return
+				return // every one tracked is blocked: this one is not
 			}
 		}
 		f = &authFailures{windowStart: now}
@@ -345,14 +354,46 @@ func (g *authGuard) failed(addr, why string, now time.Time) {
 		f.blockedUntil = now.Add(authWindow)
 		g.blocked.Add(1)
 		time.AfterFunc(authWindow, func() { g.blocked.Add(-1) })
-		g.log.Warn("authentication failed too often: this address is answered 429 for a minute, whatever key it sends",
-			"client", addr, "failures", f.unlogged, "last", why)
-		f.unlogged, f.loggedAt = 0, now
+		if g.mayLog(now) {
+			g.log.Warn("authentication failed too often: this address is answered 429 for a minute, whatever key it sends",
+				"client", addr, "failures", f.unlogged, "last", why)
+			f.unlogged, f.loggedAt = 0, now
+		}
 		return
 	}
-	if now.Sub(f.loggedAt) >= authWindow {
+	if now.Sub(f.loggedAt) >= authWindow && g.mayLog(now) {
 		g.log.Warn("authentication failed", "client", addr, "failures", f.unlogged, "last", why)
 		f.unlogged, f.loggedAt = 0, now
+	}
+}
+
+// mayLog spends one of the minute's log lines, if any is left: many
+// addresses failing at once (an IPv6 range) must not flood the log. A
+// line held back leaves its count to the next, which watch writes.
+func (g *authGuard) mayLog(now time.Time) bool {
+	if now.Sub(g.minute) >= time.Minute {
+		g.minute, g.linesInMinute = now, 0
+	}
+	if g.linesInMinute >= maxAuthLinesPerMinute {
+		g.heldBack++
+		return false
+	}
+	g.linesInMinute++
+	return true
+}
+
+// makeRoom forgets addresses that are not blocked, the quiet ones first,
+// down to half the bound, so that the cost of tracking is spread over
+// many new addresses.
+func (g *authGuard) makeRoom(now time.Time) {
+	g.sweep(now)
+	for addr, f := range g.addrs {
+		if len(g.addrs) <= maxGuardedAddrs/2 {
+			return
+		}
+		if !now.Before(f.blockedUntil) {
+			delete(g.addrs, addr)
+		}
 	}
 }
 
@@ -378,10 +419,15 @@ func (g *authGuard) watch(ctx context.Context) {
 		case now := <-tick.C:
 			g.mu.Lock()
 			for addr, f := range g.addrs {
-				if f.unlogged > 0 && now.Sub(f.loggedAt) >= authWindow {
+				if f.unlogged > 0 && now.Sub(f.loggedAt) >= authWindow && g.mayLog(now) {
 					g.log.Warn("authentication failed", "client", addr, "failures", f.unlogged)
 					f.unlogged, f.loggedAt = 0, now
 				}
+			}
+			if g.heldBack > 0 && g.linesInMinute < maxAuthLinesPerMinute {
+				g.log.Warn("authentication failed from more addresses than the log takes one by one", "lines_held_back", g.heldBack,
+					"most_lines_a_minute", maxAuthLinesPerMinute)
+				g.heldBack = 0
 			}
 			g.sweep(now)
 			g.mu.Unlock()

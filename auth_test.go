@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -301,4 +303,39 @@ func TestFailedAuthenticationPerAddress(t *testing.T) {
 		t.Error("the log shows a key")
 	}
 	t.Logf("1,000 wrong keys from one address: %v, %d answered 401 before the first 429", answers, unauthorizedBefore429)
+}
+
+// TestAuthGuardUnderManyAddresses: 150,000 addresses (IPv6 /64s) failing
+// once each get at most 60 log lines a minute and bounded memory; an
+// address failing 20 times is still blocked after them; addresses in one
+// /64 count as one.
+func TestAuthGuardUnderManyAddresses(t *testing.T) {
+	logs := &syncBuffer{}
+	g := newAuthGuard(slog.New(slog.NewTextHandler(logs, nil)))
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	request := func(remote string) *http.Request {
+		return &http.Request{RemoteAddr: remote}
+	}
+	for i := range 150_000 {
+		g.failed(clientAddr(request(fmt.Sprintf("[2001:db8:%x:%x::1]:4000", i>>16, i&0xffff))), "invalid", now)
+	}
+	if n := len(g.addrs); n > maxGuardedAddrs {
+		t.Errorf("%d addresses tracked, want at most %d", n, maxGuardedAddrs)
+	}
+	if n := countLines(logs, "level=WARN"); n > maxAuthLinesPerMinute {
+		t.Errorf("%d lines for 150,000 addresses in one minute, want at most %d", n, maxAuthLinesPerMinute)
+	}
+	// 20 failures from one /64, from two of its addresses.
+	for i := range 20 {
+		g.failed(clientAddr(request(fmt.Sprintf("[2001:db8:ffff:1::%x]:4000", i%2+1))), "invalid", now)
+	}
+	if wait := g.blockedFor(clientAddr(request("[2001:db8:ffff:1::99]:5000")), now); wait != authWindow {
+		t.Errorf("an address of the /64 that failed 20 times is blocked for %s, want %s", wait, authWindow)
+	}
+	if wait := g.blockedFor(clientAddr(request("[2001:db8:ffff:2::1]:5000")), now); wait != 0 {
+		t.Errorf("another /64 is blocked for %s", wait)
+	}
+	if wait := g.blockedFor(clientAddr(request("192.0.2.7:5000")), now); wait != 0 {
+		t.Errorf("an IPv4 address that never failed is blocked for %s", wait)
+	}
 }

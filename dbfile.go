@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math"
 	"os"
@@ -154,11 +155,16 @@ func (d *dbFile) noteWAL() {
 	if err != nil {
 		return
 	}
-	shm, err := os.Open(d.path + "-shm")
+	// Read-write: the service holds SQLite's checkpoint lock on it (see
+	// holdCheckpointLock). Like the lock's descriptor of the database, it
+	// is closed only after SQLite's connections: closing a descriptor of
+	// the -shm releases the process's locks on it, SQLite's own included.
+	shm, err := os.OpenFile(d.path+"-shm", os.O_RDWR, 0)
 	if err != nil {
 		return
 	}
 	d.walID, d.shm = fileIDOf(fi), shm
+	d.holdCheckpointLock()
 }
 
 // checkWAL returns a faultTampered storageError once the -wal file SQLite
@@ -199,7 +205,63 @@ func (d *dbFile) checkWAL() (err error, cutShort bool) {
 	if hole := firstHole(d.path + "-wal"); hole < written {
 		return gone("%s-wal was cut short at %d bytes and written on past the cut: SQLite's index says %d were written to it", d.path, hole, written), true
 	}
+	// Overwritten in place with other content (an older copy of it): its
+	// header's salts and its last frame's checksum are no longer the ones
+	// SQLite's index holds.
+	if why := d.walContentDiffers(); why != "" {
+		return gone("%s-wal was overwritten in place: %s", d.path, why), true
+	}
 	return nil, false
+}
+
+// walContentDiffers compares the -wal's header and last committed frame
+// with SQLite's index of it, which holds their salts and the frame's
+// checksum; it says what differs, or "". A commit between the two reads
+// tells nothing.
+func (d *dbFile) walContentDiffers() string {
+	var h [96]byte // both copies of the index header: unequal while a commit writes them
+	if _, err := d.shm.ReadAt(h[:], 0); err != nil || !bytes.Equal(h[:48], h[48:]) {
+		return ""
+	}
+	written, ok := walWrittenBy(h[:48])
+	if !ok || written <= 32 {
+		return ""
+	}
+	wal, err := os.Open(d.path + "-wal")
+	if err != nil {
+		return ""
+	}
+	defer wal.Close()
+	var header [32]byte
+	var frame [24]byte
+	if _, err := wal.ReadAt(header[:], 0); err != nil {
+		return ""
+	}
+	pageSize := int64(binary.NativeEndian.Uint16(h[14:16]))
+	if pageSize == 1 {
+		pageSize = 65536
+	}
+	// The last frame: its 24-byte header and a page, at the end.
+	if _, err := wal.ReadAt(frame[:], written-(pageSize+24)); err != nil {
+		return ""
+	}
+	var again [96]byte
+	if _, err := d.shm.ReadAt(again[:], 0); err != nil || again != h {
+		return ""
+	}
+	// The index copies the salts byte for byte from the -wal, and keeps
+	// the last frame's checksum as numbers, which the frame holds in big
+	// endian.
+	salts := h[32:40]
+	checksum := [2]uint32{binary.NativeEndian.Uint32(h[24:28]), binary.NativeEndian.Uint32(h[28:32])}
+	switch {
+	case !bytes.Equal(header[16:24], salts):
+		return "its header is not the one SQLite wrote (another generation's salts)"
+	case !bytes.Equal(frame[8:16], salts),
+		[2]uint32{binary.BigEndian.Uint32(frame[16:20]), binary.BigEndian.Uint32(frame[20:24])} != checksum:
+		return "its last committed frame is not the one SQLite wrote"
+	}
+	return ""
 }
 
 // walWritten reads from the -shm file how many bytes of the -wal hold
@@ -208,7 +270,15 @@ func (d *dbFile) checkWAL() (err error, cutShort bool) {
 // read that finds them different met a commit and tells nothing.
 func walWritten(shm *os.File) (int64, bool) {
 	var h [96]byte
-	if _, err := shm.ReadAt(h[:], 0); err != nil || !bytes.Equal(h[:48], h[48:]) || h[12] == 0 {
+	if _, err := shm.ReadAt(h[:], 0); err != nil || !bytes.Equal(h[:48], h[48:]) {
+		return 0, false
+	}
+	return walWrittenBy(h[:48])
+}
+
+// walWrittenBy is walWritten of one copy of the index header.
+func walWrittenBy(h []byte) (int64, bool) {
+	if h[12] == 0 {
 		return 0, false
 	}
 	pageSize := int64(binary.NativeEndian.Uint16(h[14:16]))
@@ -229,23 +299,42 @@ func (d *dbFile) close() error {
 	return d.f.Close()
 }
 
+// The database file overwritten in place (cp over the live file) is told
+// from SQLite's own writes this way. In WAL mode only a checkpoint writes
+// the file, holding SQLite's checkpoint lock, and moving the checkpoint
+// record in the -shm as it does. The service holds that lock itself (a
+// POSIX lock on its byte of the -shm) except while its own writer commits,
+// so every checkpoint is the service's own: another process's (Litestream,
+// a sqlite3 shell) is answered "busy", which they take in their stride,
+// and the WAL is checkpointed by the service, which bounds it. So while the
+// record stands still, the file's content cannot change: when its size or
+// times have, its first page and its last pages are compared with what
+// they were; a touch or a chmod changes neither. When the record moved, a checkpoint ran:
+// the file must still be petstore's, and its change counter must not have
+// gone back.
+
 // contentPrint is what the service knows of the database file's content
-// between two checkpoints. In WAL mode only a checkpoint writes the file,
-// copying pages from the -wal under SQLite's checkpoint lock, and it moves
-// the checkpoint record in the -shm as it does. So while that record
-// stands still and nobody holds the lock, the file's size and first page
-// cannot change: a change then was made by something other than SQLite
-// (cp over the live file, an editor, a restore tool).
+// since the last checkpoint.
 type contentPrint struct {
-	ckpt  [24]byte // the -shm's checkpoint record and WAL salts
+	ckpt  [16]byte // the -shm's checkpoint record and WAL salts
 	size  int64
-	page1 [4096]byte
-	valid bool
+	mtime int64
+	ctime int64      // set by the kernel at every write, and by chmod
+	head  [4096]byte // the first page or pages
+	tail  [32 << 10]byte
+	// written holds a digest of each page the last checkpoints wrote, as
+	// the file held it after them: an older copy of the file differs in
+	// those, wherever they are.
+	written map[uint32]uint64
+	valid   bool
 }
+
+// maxWrittenPages bounds the pages whose digests a print keeps.
+const maxWrittenPages = 512
 
 // shm offsets (SQLite's wal.c): the index header's salts, the checkpoint
 // record (nBackfill, then nBackfillAttempted after the locks), and the
-// checkpoint lock's byte, which every checkpoint holds while it writes.
+// checkpoint lock's byte.
 const (
 	shmSalts         = 32
 	shmBackfill      = 96
@@ -253,78 +342,164 @@ const (
 	shmCheckpointBit = 121
 )
 
+// holdCheckpointLock takes SQLite's checkpoint lock for this process,
+// once SQLite's own checkpoint has let it go: a lock this process holds
+// does not stop its own connections, which share its locks. It reports
+// false while another process holds it.
+func (d *dbFile) holdCheckpointLock() bool {
+	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Start: shmCheckpointBit, Len: 1}
+	return syscall.FcntlFlock(d.shm.Fd(), syscall.F_SETLK, &lk) == nil
+}
+
 // checkpointState reads the part of the -shm that changes whenever a
-// checkpoint writes the database file, and whether another process holds
-// the checkpoint lock now (this process's own locks are not reported, and
-// its own checkpoints run on the writer, which calls this between them).
-func checkpointState(shm *os.File) (state [24]byte, locked, ok bool) {
+// checkpoint writes the database file.
+func checkpointState(shm *os.File) (state [16]byte, ok bool) {
 	var b [136]byte
 	if _, err := shm.ReadAt(b[:], 0); err != nil {
-		return state, false, false
+		return state, false
 	}
 	copy(state[0:8], b[shmSalts:shmSalts+8])
 	copy(state[8:12], b[shmBackfill:shmBackfill+4])
 	copy(state[12:16], b[shmBackfillTried:shmBackfillTried+4])
-	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: 0, Start: shmCheckpointBit, Len: 1}
-	if err := syscall.FcntlFlock(shm.Fd(), syscall.F_GETLK, &lk); err != nil {
-		return state, false, false
-	}
-	return state, lk.Type != syscall.F_UNLCK, true
+	return state, true
 }
 
 // checkOverwritten returns a faultTampered storageError once the database
-// file's size or first page changed while no checkpoint ran, or its header
-// no longer says it is this service's file, or its change counter went
-// back. A checkpoint in progress, or one since the last look, takes what
-// the file holds now as the new baseline.
+// file was changed by something other than a checkpoint. Only the writer
+// loop calls it, between commits. The checkpoint record is read before
+// and after the file: when it moved in between, a checkpoint was writing,
+// and the file is looked at again at the next check.
 func (d *dbFile) checkOverwritten() error {
 	if d.shm == nil {
 		return nil
 	}
-	before, lockedBefore, ok := checkpointState(d.shm)
-	if !ok {
-		return nil
-	}
+	// Taken again after each of this process's own checkpoints, which let
+	// it go; if another process got in meanwhile, the record tells.
+	d.holdCheckpointLock()
 	var now contentPrint
-	n, err := d.f.ReadAt(now.page1[:], 0)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil // a read error is the I/O checks' business
+	var ok bool
+	if now.ckpt, ok = checkpointState(d.shm); !ok {
+		return nil
 	}
 	fi, err := d.f.Stat()
 	if err != nil {
 		return nil
 	}
-	after, lockedAfter, ok := checkpointState(d.shm)
-	if !ok || lockedBefore || lockedAfter || before != after {
-		d.print.valid = false // a checkpoint is writing: look again later
+	st := fi.Sys().(*syscall.Stat_t)
+	now.size, now.mtime, now.ctime, now.valid = fi.Size(), fi.ModTime().UnixNano(), st.Ctim.Nano(), true
+	last := &d.print
+	if last.valid && now.ckpt == last.ckpt && now.size == last.size && now.mtime == last.mtime && now.ctime == last.ctime {
+		return nil // nothing wrote the file: the cheap path, every commit
+	}
+	if err := d.readPrint(&now); err != nil {
+		return nil // a read error is the I/O checks' business
+	}
+	if after, ok := checkpointState(d.shm); !ok || after != now.ckpt {
 		return nil
 	}
-	now.ckpt, now.size, now.valid = after, fi.Size(), true
 	overwritten := func(format string, args ...any) error {
 		return &storageError{kind: faultTampered, err: fmt.Errorf("%s was overwritten in place: "+format, append([]any{d.path}, args...)...)}
 	}
-	if n >= 100 && !bytes.Equal(now.page1[:16], []byte("SQLite format 3\x00")) {
+	if fi.Size() >= 100 && !bytes.Equal(now.head[:16], []byte("SQLite format 3\x00")) {
 		return overwritten("it is no longer a SQLite database")
 	}
-	if n >= 100 && appID(now.page1[:]) != petstoreApplicationID && appID(now.page1[:]) != 0 {
-		return overwritten("it is no longer a petstore database (application_id %#x)", appID(now.page1[:]))
+	if fi.Size() >= 100 && appID(now.head[:]) != petstoreApplicationID && appID(now.head[:]) != 0 {
+		return overwritten("it is no longer a petstore database (application_id %#x)", appID(now.head[:]))
 	}
-	last := &d.print
 	switch {
 	case !last.valid:
 	case now.ckpt != last.ckpt:
 		// A checkpoint ran: the file moved on, but never back.
-		if binary.BigEndian.Uint32(now.page1[24:28]) < binary.BigEndian.Uint32(last.page1[24:28]) {
-			return overwritten("its change counter went back from %d to %d", binary.BigEndian.Uint32(last.page1[24:28]), binary.BigEndian.Uint32(now.page1[24:28]))
+		if changeCounter(now.head[:]) < changeCounter(last.head[:]) {
+			return overwritten("its change counter went back from %d to %d", changeCounter(last.head[:]), changeCounter(now.head[:]))
 		}
+		now.written = d.checkpointedPages(last.ckpt, now.ckpt) // nil when it cannot tell
 	case now.size != last.size:
 		return overwritten("its size changed from %d to %d bytes while no checkpoint ran", last.size, now.size)
-	case now.page1 != last.page1:
-		return overwritten("its first page changed while no checkpoint ran")
+	case now.head != last.head || now.tail != last.tail:
+		return overwritten("its content changed while no checkpoint ran DEBUG last=%x now=%x size=%d mt=%d/%d", last.ckpt, now.ckpt, now.size, last.mtime, now.mtime)
+	default:
+		for page, digest := range last.written {
+			if d.pageDigest(page) != digest {
+				return overwritten("page %d changed while no checkpoint ran", page)
+			}
+		}
+		now.written = last.written
 	}
 	*last = now
 	return nil
 }
+
+// checkpointedPages digests, as the file holds them now, the pages that
+// the checkpoints between two records copied from the -wal: its frames
+// after the older record's backfill (from the start, after a restart of
+// the -wal) up to the newer one's.
+func (d *dbFile) checkpointedPages(before, after [16]byte) map[uint32]uint64 {
+	from := binary.NativeEndian.Uint32(before[8:12])
+	to := binary.NativeEndian.Uint32(after[8:12])
+	if !bytes.Equal(before[:8], after[:8]) || to < from {
+		from = 0 // the -wal restarted since
+	}
+	var h [16]byte
+	if _, err := d.shm.ReadAt(h[:], 0); err != nil {
+		return nil
+	}
+	pageSize := int64(binary.NativeEndian.Uint16(h[14:16]))
+	if pageSize == 1 {
+		pageSize = 65536
+	}
+	wal, err := os.Open(d.path + "-wal")
+	if err != nil {
+		return nil
+	}
+	defer wal.Close()
+	pages := map[uint32]uint64{}
+	var frame [4]byte
+	// Newest first: when there are more than the bound, the newest count.
+	for i := int64(to); i > int64(from) && len(pages) < maxWrittenPages; i-- {
+		if _, err := wal.ReadAt(frame[:], 32+(i-1)*(pageSize+24)); err != nil {
+			return nil
+		}
+		if page := binary.BigEndian.Uint32(frame[:]); pages[page] == 0 {
+			pages[page] = d.pageDigest(page)
+		}
+	}
+	return pages
+}
+
+// pageDigest is a digest of page n (from 1) of the database file, of
+// whatever can be read there.
+func (d *dbFile) pageDigest(n uint32) uint64 {
+	size := int64(len(d.print.head)) // at least a page: read in 4 KiB steps
+	var hdr [2]byte
+	if _, err := d.f.ReadAt(hdr[:], 16); err == nil {
+		if ps := int64(binary.BigEndian.Uint16(hdr[:])); ps == 1 {
+			size = 65536
+		} else if ps >= 512 {
+			size = ps
+		}
+	}
+	page := make([]byte, size)
+	k, _ := d.f.ReadAt(page, int64(n-1)*size)
+	sum := fnv.New64a()
+	sum.Write(page[:k])
+	return sum.Sum64() | 1 // never 0, which marks a page not yet digested
+}
+
+// readPrint reads the file's first 4 KiB and last 32 KiB into p.
+func (d *dbFile) readPrint(p *contentPrint) error {
+	if _, err := d.f.ReadAt(p.head[:], 0); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	off := max(0, p.size-int64(len(p.tail)))
+	if _, err := d.f.ReadAt(p.tail[:], off); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// changeCounter is the file change counter in a database header.
+func changeCounter(header []byte) uint32 { return binary.BigEndian.Uint32(header[24:28]) }
 
 // appID is the application_id in a database header; the file shows 0
 // until a checkpoint has copied the page that set it.

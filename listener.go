@@ -29,7 +29,7 @@ func defaultMaxConns() int {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<20 {
 		return 1 << 16
 	}
-	reserve := 32 + 3*(readerConns()+1)
+	reserve := 32 + 3*(readerConns()+1) + maxAnswering
 	return max(1, int(lim.Cur)-reserve)
 }
 
@@ -48,6 +48,7 @@ type limitListener struct {
 	log       *slog.Logger
 	refusals  *logLimiter
 	answering chan struct{} // bounds the refused connections being answered
+	wentIdle  chan struct{} // a connection went idle: Accept, waiting, may close it
 	closed    chan struct{}
 	closeOnce sync.Once
 
@@ -58,18 +59,26 @@ type limitListener struct {
 
 func newLimitListener(ln net.Listener, max, perClient int, plainHTTP bool, log *slog.Logger) *limitListener {
 	return &limitListener{Listener: ln, slots: make(chan struct{}, max), perClient: perClient, plainHTTP: plainHTTP,
-		log: log, refusals: newLogLimiter(time.Minute, 10_000, 60), answering: make(chan struct{}, 64),
-		closed: make(chan struct{}), open: map[string]int{}, states: map[*limitedConn]time.Time{}}
+		log: log, refusals: newLogLimiter(time.Minute, 10_000, 60), answering: make(chan struct{}, maxAnswering),
+		wentIdle: make(chan struct{}, 1), closed: make(chan struct{}), open: map[string]int{}, states: map[*limitedConn]time.Time{}}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
 	for {
-		select {
-		case l.slots <- struct{}{}:
-		default:
+	slot:
+		for {
+			select {
+			case l.slots <- struct{}{}:
+				break slot
+			default:
+			}
+			// Full: make room. If nothing is idle now, wait for a slot, or
+			// for a connection to go idle, and close that one.
 			l.closeLongestIdle()
 			select {
 			case l.slots <- struct{}{}:
+				break slot
+			case <-l.wentIdle:
 			case <-l.closed:
 				return nil, net.ErrClosed
 			}
@@ -119,6 +128,10 @@ func (l *limitListener) connState(c net.Conn, state http.ConnState) {
 	switch state {
 	case http.StateIdle:
 		l.states[lc] = time.Now()
+		select {
+		case l.wentIdle <- struct{}{}:
+		default:
+		}
 	case http.StateActive:
 		l.states[lc] = time.Time{}
 	}
@@ -172,6 +185,11 @@ func (l *limitListener) refuse(c net.Conn, client string, open int) {
 		io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 	}()
 }
+
+// maxAnswering bounds the refused connections answered at once (each for
+// up to a second); past it, one is closed unanswered. The descriptors they
+// hold are part of the reserve below the process's limit.
+const maxAnswering = 16
 
 // tooManyConnections is the answer on a connection past the cap.
 var tooManyConnections = func() []byte {
@@ -258,6 +276,18 @@ func newServerErrors(logger *slog.Logger) *log.Logger {
 	return log.New(&serverErrors{log: logger, lines: newLogLimiter(time.Minute, 100, 20)}, "", 0)
 }
 
+// clientAddress matches an address and port as the http package writes
+// them, IPv4 or IPv6.
+var clientAddress = regexp.MustCompile(`\[?[0-9A-Fa-f:.]+\]?:\d+`)
+
+// truncateLine bounds what a client can make the service write.
+func truncateLine(line string) string {
+	if len(line) > 300 {
+		return line[:300] + "…"
+	}
+	return line
+}
+
 // handshakeError is the http package's line for a failed handshake:
 // "http: TLS handshake error from ADDR: CAUSE".
 var handshakeError = regexp.MustCompile(`^http: TLS handshake error from (\S+): (.*)$`)
@@ -266,7 +296,19 @@ func (e *serverErrors) Write(p []byte) (int, error) {
 	line := strings.TrimSpace(string(p))
 	m := handshakeError.FindStringSubmatch(line)
 	if m == nil {
-		e.log.Warn(line)
+		// Anything else the server says (HTTP/2 protocol errors among
+		// them) is a client's doing too: as limited, by its kind, which
+		// is the line without addresses and what the client sent.
+		kind := clientAddress.ReplaceAllString(line, "CLIENT")
+		if i := strings.IndexByte(kind, '"'); i > 0 {
+			kind = kind[:i]
+		}
+		if len(kind) > 100 {
+			kind = kind[:100]
+		}
+		if ok, held, others := e.lines.allow(kind, time.Now()); ok {
+			e.log.Warn("http server: "+kind, "line", truncateLine(line), "since_last_line", held, "other_kinds_not_logged", others)
+		}
 		return len(p), nil
 	}
 	// The cause names the client's address in some errors: the kind is

@@ -510,6 +510,8 @@ func nameProblem(name string) string {
 		return fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(name))
 	case strings.IndexFunc(name, unicode.IsControl) >= 0:
 		return "name must not contain control characters (such as tab or newline)"
+	case strings.ContainsAny(name, "\u2028\u2029"):
+		return "name must not contain line or paragraph separators (U+2028, U+2029)"
 	case strings.IndexFunc(name, isFormatCharacter) >= 0:
 		return "name must not contain invisible format characters (Unicode category Cf, such as U+200B zero-width space, U+FEFF or the U+202E right-to-left override)"
 	}

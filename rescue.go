@@ -1,14 +1,13 @@
 // The rescue: when the files under the service lose pets it acknowledged
-// (a -wal cut short, the database overwritten in place), every pet it
-// holds in memory is written beside the database, and the next start
-// puts back the ones the file no longer has.
+// (a -wal cut short or overwritten, the database overwritten in place),
+// every pet it holds in memory is written beside the database, and the
+// next start puts back the ones the file no longer has.
 
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -21,56 +20,134 @@ import (
 // same storage and found by the next start without configuration.
 func (d *dbFile) rescuePath() string { return d.path + "-rescue" }
 
-// writeRescue writes every pet of c to the rescue file, one JSON object a
-// line as the API shows it, through a temporary file that is synced and
+// Where a rescue's pets came from, stored in it: they decide how the
+// next start puts them back.
+const (
+	// rescueFromView: the view as it was, every pet acknowledged and every
+	// outside change read in. A pet the file holds otherwise is set back
+	// to what the view held.
+	rescueFromView = "view"
+	// rescueFromStale: the view as it was when an outside change started
+	// a rebuild, and the pets acknowledged since. Only pets the file lacks
+	// are put back: the file may hold newer outside changes.
+	rescueFromStale = "stale view"
+	// rescueFromFile: no view at all (the first load had not finished):
+	// what could still be read from the files, and the pets acknowledged
+	// since the start. Only pets the file lacks are put back.
+	rescueFromFile = "file"
+)
+
+// rescueSource is what the rescue saves: the pets of c, then extra.
+type rescueSource struct {
+	c     *catalogue
+	extra []Pet
+	from  string
+}
+
+// writeRescue writes the pets to a new SQLite file at path: a name is
+// kept byte for byte, whatever it holds. It is written beside, synced and
 // renamed into place: a crash leaves the whole file or none.
-func writeRescue(path string, c *catalogue) (n int, err error) {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+func writeRescue(path string, src rescueSource) (n int, err error) {
+	tmp := path + ".partial"
+	os.Remove(tmp)
+	defer os.Remove(tmp)
+	// A rollback journal, not WAL: the rescue is one file.
+	db, err := sql.Open("sqlite3", "file:"+tmp+"?_journal_mode=DELETE&_synchronous=FULL")
 	if err != nil {
 		return 0, err
 	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	tx, err := db.Begin()
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(`CREATE TABLE rescued_pets (
+			id INTEGER PRIMARY KEY, name TEXT NOT NULL, category_id INTEGER NOT NULL, status TEXT NOT NULL);
+		CREATE TABLE rescue (source TEXT NOT NULL, written TEXT NOT NULL);`); err != nil {
+		return 0, err
+	}
+	if _, err := tx.Exec("INSERT INTO rescue VALUES (?, ?)", src.from, time.Now().UTC().Format(time.RFC3339)); err != nil {
+		return 0, err
+	}
+	insert, err := tx.Prepare("INSERT OR REPLACE INTO rescued_pets VALUES (?, ?, ?, ?)")
+	if err != nil {
+		return 0, err
+	}
+	if src.c != nil {
+		var r petRow
+		for i := range src.c.ids {
+			src.c.row(i, &r)
+			// A string, not the bytes: bound as TEXT, byte for byte.
+			if _, err := insert.Exec(r.id, string(r.name), r.categoryID, string(r.status)); err != nil {
+				return 0, err
+			}
 		}
-	}()
-	out := bufio.NewWriterSize(f, 64<<10)
-	enc := json.NewEncoder(out)
-	var r petRow
-	for i := range c.ids {
-		c.row(i, &r)
-		if err := enc.Encode(Pet{ID: r.id, Name: string(r.name), CategoryID: r.categoryID, Status: string(r.status)}); err != nil {
+	}
+	for _, p := range src.extra {
+		if _, err := insert.Exec(p.ID, p.Name, p.CategoryID, p.Status); err != nil {
 			return 0, err
 		}
 	}
-	if err := out.Flush(); err != nil {
+	if err := tx.QueryRow("SELECT count(*) FROM rescued_pets").Scan(&n); err != nil {
 		return 0, err
 	}
-	if err := f.Sync(); err != nil {
+	if err := tx.Commit(); err != nil {
 		return 0, err
 	}
-	if err := f.Close(); err != nil {
+	if err := db.Close(); err != nil {
+		return 0, err
+	}
+	if err := syncPath(tmp); err != nil {
 		return 0, err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return 0, err
 	}
-	return len(c.ids), syncPath(filepath.Dir(path))
+	return n, syncPath(filepath.Dir(path))
 }
 
 // rescue saves the pets the service holds, once the files were found to
-// have lost some: from the writer's view, or read afresh when there is
-// none. It runs on the writer loop, which owns the view.
-func (s *petStore) rescue() (n int, err error) {
-	c := s.view.master
-	if c == nil {
-		if c, _, err = loadCatalogue(context.Background(), s.readers); err != nil {
-			return 0, fmt.Errorf("the pets could not be read to be saved: %w", err)
+// have lost some. It runs on the writer loop, which owns the view.
+func (s *petStore) rescue() (n int, from string, err error) {
+	v := &s.view
+	src := rescueSource{c: v.master, from: rescueFromView}
+	if v.master == nil {
+		src = rescueSource{c: v.stale, extra: v.unviewed, from: rescueFromStale}
+		if v.stale == nil {
+			// Best effort: the files were just found tampered with.
+			c, _, readErr := loadCatalogue(context.Background(), s.readers)
+			src = rescueSource{c: c, extra: v.unviewed, from: rescueFromFile}
+			if readErr != nil {
+				src.c = nil
+				err = fmt.Errorf("only the %d pets acknowledged since the start could be saved: the rest could not be read (%v)", len(v.unviewed), readErr)
+			}
 		}
 	}
-	return writeRescue(s.file.rescuePath(), c)
+	n, writeErr := writeRescue(s.file.rescuePath(), src)
+	return n, src.from, errors.Join(err, writeErr)
+}
+
+// logRescue saves the pets and says, in one line, what happened and what
+// to do.
+func (s *petStore) logRescue(se *storageError) {
+	s.file.markForCheck()
+	n, from, err := s.rescue()
+	const happened = "the database file or its -wal was changed under the running service by something other than SQLite, and pets it acknowledged are no longer in them: creates are refused from now on"
+	if err != nil && n == 0 {
+		s.log.Error(happened+"; the pets could not be saved: stop nothing yet, fetch what the API still serves (GET /v1/pets), "+
+			"then restore the file from the replica or a backup (README: Outside writes, restores and replicas)",
+			"db", s.file.path, "err", se.err.Error(), "save_err", err.Error())
+		return
+	}
+	args := []any{"db", s.file.path, "err", se.err.Error(), "saved", n, "saved_from", from, "rescue", s.file.rescuePath()}
+	if err != nil {
+		args = append(args, "save_err", err.Error())
+	}
+	s.log.Error(happened+"; the pets the service holds are saved: stop Litestream and any other process that has the database open, "+
+		"then restart the service: it sets the -wal aside, checks the file and puts back each saved pet the file lacks (README: Outside writes, restores and replicas)",
+		args...)
 }
 
 // setAsideTampered runs at start, before SQLite opens the file, when the
@@ -108,70 +185,55 @@ func setAsideTampered(d *dbFile) (setAside string, err error) {
 }
 
 // putBackRescued runs at start, once the file is open and checked: every
-// saved pet the file lacks is inserted with its id, and one the file holds
-// otherwise is set to what the service acknowledged, in one transaction;
-// then the rescue file is removed. Idempotency keys are not saved: a
-// retry of one of these creates makes a new pet.
+// saved pet the file lacks is inserted with its id, and, when the rescue
+// was of the whole view, one the file holds otherwise is set to what the
+// service acknowledged; in one transaction. Then the rescue file is
+// removed. Idempotency keys are not saved: a retry of one of these
+// creates makes a new pet.
 func (s *petStore) putBackRescued() error {
 	path := s.file.rescuePath()
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil
-	} else if err != nil {
+	}
+	ctx := context.Background()
+	conn, err := s.writer.Conn(ctx)
+	if err != nil {
 		return err
 	}
-	defer f.Close()
-	tx, err := s.writer.Begin()
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "ATTACH DATABASE ? AS rescue", path); err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer conn.ExecContext(ctx, "DETACH DATABASE rescue")
+	var from string
+	var saved int64
+	if err := conn.QueryRowContext(ctx, "SELECT (SELECT source FROM rescue.rescue), (SELECT count(*) FROM rescue.rescued_pets)").Scan(&from, &saved); err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	onConflict := "DO NOTHING"
+	if from == rescueFromView {
+		onConflict = `DO UPDATE SET name = excluded.name, category_id = excluded.category_id, status = excluded.status
+			WHERE (name, category_id, status) IS NOT (excluded.name, excluded.category_id, excluded.status)`
+	}
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	insert, err := tx.Prepare(`INSERT INTO pets (id, name, category_id, status) VALUES (?, ?, ?, ?)
-		ON CONFLICT (id) DO UPDATE SET name = excluded.name, category_id = excluded.category_id, status = excluded.status
-		WHERE (name, category_id, status) IS NOT (excluded.name, excluded.category_id, excluded.status)`)
+	res, err := tx.ExecContext(ctx, `INSERT INTO main.pets (id, name, category_id, status)
+		SELECT id, name, category_id, status FROM rescue.rescued_pets WHERE true
+		ON CONFLICT (id) `+onConflict)
 	if err != nil {
-		return err
+		return fmt.Errorf("put back the pets of %s: %w", path, err)
 	}
-	var saved, changed int64
-	dec := json.NewDecoder(bufio.NewReaderSize(f, 64<<10))
-	for dec.More() {
-		var p Pet
-		if err := dec.Decode(&p); err != nil {
-			return fmt.Errorf("read %s, pet %d: %w", path, saved+1, err)
-		}
-		saved++
-		res, err := insert.Exec(p.ID, p.Name, p.CategoryID, p.Status)
-		if err != nil {
-			return fmt.Errorf("put back pet %d from %s: %w", p.ID, path, err)
-		}
-		n, _ := res.RowsAffected()
-		changed += n
-	}
+	putBack, _ := res.RowsAffected()
 	if err := tx.Commit(); err != nil {
 		return err
 	}
 	s.log.Info("the pets saved when the files were tampered with are back: the file lacked or differed on some, and now holds each as acknowledged",
-		"db", s.file.path, "saved", saved, "put_back", changed)
+		"db", s.file.path, "saved", saved, "saved_from", from, "put_back", putBack)
 	if err := os.Remove(path); err != nil {
 		return err
 	}
 	return syncPath(filepath.Dir(path))
-}
-
-// logRescue saves the pets and says, in one line, what happened and what
-// to do.
-func (s *petStore) logRescue(se *storageError) {
-	s.file.markForCheck()
-	n, err := s.rescue()
-	if err != nil {
-		s.log.Error("the database file or its -wal was changed under the running service by something other than SQLite, and pets it acknowledged are no longer in them: "+
-			"creates are refused from now on, and the pets could not be saved: they are still served from memory, so do not stop the service "+
-			"before you have fetched them (GET /v1/pets) or freed what the save needs",
-			"db", s.file.path, "err", se.err.Error(), "save_err", err.Error())
-		return
-	}
-	s.log.Error("the database file or its -wal was changed under the running service by something other than SQLite, and pets it acknowledged are no longer in them: "+
-		"creates are refused from now on; every pet the service holds is saved: stop Litestream and any other process that has the database open, "+
-		"then restart the service: it sets the -wal aside, checks the file and puts back each saved pet the file lacks (README: Outside writes, restores and replicas)",
-		"db", s.file.path, "err", se.err.Error(), "saved", n, "rescue", s.file.rescuePath())
 }

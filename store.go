@@ -310,7 +310,9 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 			return fail(err)
 		}
 	}
-	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
+	// A file found damaged is still served for what can be read; creates
+	// are refused, so the highest id does not matter.
+	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil && s.storage.damage.Load() == nil {
 		return fail(err)
 	}
 	w, err := newBatchWriter(writer)

@@ -165,6 +165,12 @@ type view struct {
 	lastFailure     string    // why, so a failure that stays is logged once
 	loads           int       // loads so far, the first included, for the log
 
+	// stale is the master as it was when it was last dropped for a
+	// rebuild, and unviewed the pets acknowledged while there was no
+	// master: together, what a rescue saves then (rescue.go).
+	stale    *catalogue
+	unviewed []Pet
+
 	// highWater is the highest id the file has held while the service
 	// ran: at start, or acknowledged since. A file whose ids no longer
 	// reach it went back (see checkWentBack).
@@ -274,7 +280,7 @@ func (v *view) add(pets []Pet) bool {
 		status := statusIndex(p.Status)
 		if status < 0 || !v.master.add(p.ID, name, p.CategoryID, status) {
 			v.published.Store(nil)
-			v.master = nil
+			v.stale, v.master = v.master, nil
 			return false
 		}
 	}
@@ -284,6 +290,19 @@ func (v *view) add(pets []Pet) bool {
 	v.publish()
 	return true
 }
+
+// keepUnviewed keeps pets acknowledged while there is no master, for a
+// rescue, up to maxUnviewed: a view that cannot be loaded at all must not
+// grow memory without end (the oldest go first).
+func (v *view) keepUnviewed(pets []Pet) {
+	v.unviewed = append(v.unviewed, pets...)
+	if len(v.unviewed) > maxUnviewed {
+		v.unviewed = slices.Clone(v.unviewed[len(v.unviewed)-maxUnviewed/2:])
+	}
+}
+
+// maxUnviewed bounds the pets kept while there is no view: some 100 MiB.
+const maxUnviewed = 1 << 20
 
 // lastID is the highest id in the master, 0 when it is empty.
 func (c *catalogue) lastID() int64 {
@@ -317,6 +336,9 @@ const maxCaughtUp = 4096
 func (s *petStore) startLoad(why string) {
 	v := &s.view
 	v.published.Store(nil)
+	if v.master != nil {
+		v.stale = v.master
+	}
 	v.master = nil
 	if v.loading {
 		v.reload = true
@@ -376,6 +398,7 @@ func (s *petStore) landLoad(w *batchWriter, l loadedView) {
 		return // the file changed in a way that needs another load
 	}
 	v.publish()
+	v.stale, v.unviewed = nil, nil
 	v.limitMemory()
 	s.log.Info("in-memory view loaded", "pets", len(v.master.ids), "bytes", v.master.bytes(),
 		"took", l.took.Round(time.Millisecond).String())

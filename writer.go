@@ -280,12 +280,14 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 			// whose every request had expired wrote nothing.
 			s.storage.faults.succeeded()
 		}
-		if s.view.master != nil {
-			if s.view.add(added) {
-				s.view.known.inserted += int64(len(added))
-			} else {
-				s.startLoad(whyUnsound)
-			}
+		switch {
+		case s.view.master == nil:
+			s.view.keepUnviewed(added)
+		case s.view.add(added):
+			s.view.known.inserted += int64(len(added))
+		default:
+			s.view.keepUnviewed(added)
+			s.startLoad(whyUnsound)
 		}
 		for i, r := range batch {
 			r.done <- results[i]
