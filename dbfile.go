@@ -417,7 +417,7 @@ func (d *dbFile) checkOverwritten() error {
 	case now.size != last.size:
 		return overwritten("its size changed from %d to %d bytes while no checkpoint ran", last.size, now.size)
 	case now.head != last.head || now.tail != last.tail:
-		return overwritten("its content changed while no checkpoint ran DEBUG last=%x now=%x size=%d mt=%d/%d", last.ckpt, now.ckpt, now.size, last.mtime, now.mtime)
+		return overwritten("its content changed while no checkpoint ran")
 	default:
 		for page, digest := range last.written {
 			if d.pageDigest(page) != digest {
