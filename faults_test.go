@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -1029,4 +1030,52 @@ func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 		t.Errorf("%d writes and fsyncs for %d checks in %s, want at most %d (the background check's):\n%s", calls, requests, took, limit, summary)
 	}
 	t.Logf("%d checks of a healthy service, all 200; %d on a full disk in %s, all 503, with %d writes and fsyncs", requests, requests, took.Round(time.Millisecond), calls)
+}
+
+// TestRescueIntoADamagedFile: a start after tampering whose file fails
+// integrity_check still serves what can be read, refuses creates as
+// damaged, and keeps the rescue for the start after a restore, which puts
+// every saved pet back.
+func TestRescueIntoADamagedFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "pets.db")
+	preloadPets(t, path, 5000)
+	backup := filepath.Join(dir, "backup.db")
+	if err := run(context.Background(), []string{"petstore", "backup", "-db", path, backup}, func(string) string { return "" }, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	// What a run that found the files tampered with leaves: the rescue of
+	// its view, with a pet the backup lacks, and the check mark.
+	s, err := openStore(path, storeOptions{})
+	must(t, err)
+	waitFor(t, patience, "the view to load", func() bool { return s.view.published.Load() != nil })
+	c := *s.view.published.Load()
+	s.close()
+	must(t, func() error {
+		_, err := writeRescue(path+"-rescue", rescueSource{c: &c, extra: []Pet{{ID: 5001, Name: "Saved", CategoryID: 2, Status: "sold"}}, from: rescueFromView})
+		return err
+	}())
+	must(t, os.WriteFile(path+"-check", []byte("mark\n"), 0o600))
+	damagePage(t, path)
+
+	srv, s, logs := newLoggedServer(t, path, storeOptions{})
+	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"},
+		errBody(503, codeUnavailable, faultDamaged.message()))
+	if _, err := os.Stat(path + "-rescue"); err != nil {
+		t.Errorf("the rescue is gone while the file is damaged: %v", err)
+	}
+	if n := countLines(logs, `msg="the pets saved when the files were tampered with are back`); n != 0 {
+		t.Errorf("pets were put back into a damaged file:\n%s", logs)
+	}
+	s.close()
+
+	if err := run(context.Background(), []string{"petstore", "restore", "-from", backup, "-db", path}, func(string) string { return "" }, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	srv, _, logs = newLoggedServer(t, path, storeOptions{})
+	waitForLog(t, logs, `msg="the pets saved when the files were tampered with are back[^\n]*saved=5001 saved_from=view put_back=1`, 1)
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/5001"}), 200, nil, `{"id":5001,"name":"Saved","categoryId":2,"status":"sold"}`)
+	if _, err := os.Stat(path + "-rescue"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the rescue is still there after its pets were put back: %v", err)
+	}
 }
