@@ -374,8 +374,11 @@ func (d *dbFile) checkOverwritten() error {
 		return nil
 	}
 	// Taken again after each of this process's own checkpoints, which let
-	// it go; if another process got in meanwhile, the record tells.
-	d.holdCheckpointLock()
+	// it go. While another process holds it, its checkpoint may be writing
+	// the file: looked at again once it has let go.
+	if !d.holdCheckpointLock() {
+		return nil
+	}
 	var now contentPrint
 	var ok bool
 	if now.ckpt, ok = checkpointState(d.shm); !ok {
@@ -460,17 +463,24 @@ func (d *dbFile) checkpointedPages(before, after [16]byte) map[uint32]uint64 {
 		if _, err := wal.ReadAt(frame[:], 32+(i-1)*(pageSize+24)); err != nil {
 			return nil
 		}
-		if page := binary.BigEndian.Uint32(frame[:]); pages[page] == 0 {
-			pages[page] = d.pageDigest(page)
+		if n := binary.BigEndian.Uint32(frame[:]); pages[n] == 0 {
+			pages[n] = d.pageDigest(n)
 		}
 	}
 	return pages
 }
 
-// pageDigest is a digest of page n (from 1) of the database file, of
+// digestOf is a digest of a page's bytes, never 0.
+func digestOf(b []byte) uint64 {
+	sum := fnv.New64a()
+	sum.Write(b)
+	return sum.Sum64() | 1
+}
+
+// pageDigest is digestOf page n (from 1) of the database file, of
 // whatever can be read there.
 func (d *dbFile) pageDigest(n uint32) uint64 {
-	size := int64(len(d.print.head)) // at least a page: read in 4 KiB steps
+	size := int64(4096)
 	var hdr [2]byte
 	if _, err := d.f.ReadAt(hdr[:], 16); err == nil {
 		if ps := int64(binary.BigEndian.Uint16(hdr[:])); ps == 1 {
@@ -481,9 +491,7 @@ func (d *dbFile) pageDigest(n uint32) uint64 {
 	}
 	page := make([]byte, size)
 	k, _ := d.f.ReadAt(page, int64(n-1)*size)
-	sum := fnv.New64a()
-	sum.Write(page[:k])
-	return sum.Sum64() | 1 // never 0, which marks a page not yet digested
+	return digestOf(page[:k])
 }
 
 // readPrint reads the file's first 4 KiB and last 32 KiB into p.

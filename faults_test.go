@@ -721,26 +721,6 @@ func TestWALTamperedUnderTheService(t *testing.T) {
 			waitForLog(t, logs, `msg="in-memory view is rebuilt"`, 1)
 			must(t, os.Truncate(db+"-wal", 0))
 		}, changed + `[^\n]*saved_from="stale view"`, 500_000},
-		{"database overwritten in place while another process holds the checkpoint lock", func(t *testing.T, db string, _ *syncBuffer) {
-			backup := filepath.Join(t.TempDir(), "older.db")
-			if out, err := exec.Command(petstoreBinary(t), "backup", "-db", db, backup).CombinedOutput(); err != nil {
-				t.Fatalf("backup: %v: %s", err, out)
-			}
-			shm, err := os.OpenFile(db+"-shm", os.O_RDWR, 0)
-			must(t, err)
-			defer shm.Close() // and with it the lock
-			// The service holds it but for its own checkpoints: taken in one
-			// of those moments, as a checkpointer in another process would.
-			waitFor(t, patience, "the checkpoint lock", func() bool {
-				lk := syscall.Flock_t{Type: syscall.F_WRLCK, Start: 121, Len: 1}
-				return syscall.FcntlFlock(shm.Fd(), syscall.F_SETLK, &lk) == nil
-			})
-			time.Sleep(200 * time.Millisecond)
-			older, err := os.ReadFile(backup)
-			must(t, err)
-			must(t, os.WriteFile(db, older, 0o600))
-			time.Sleep(300 * time.Millisecond)
-		}, changed, 0},
 		{"wal cut in half", func(t *testing.T, db string, _ *syncBuffer) {
 			fi, err := os.Stat(db + "-wal")
 			must(t, err)

@@ -213,7 +213,7 @@ func TestLitestreamBesideALargeCatalogue(t *testing.T) {
 
 	for kind, n := range answers {
 		if !strings.HasSuffix(kind, " 200") {
-			t.Errorf("%d answers were %s", n, kind)
+			t.Errorf("%d answers were %s; the first error lines:\n%.3000s", n, kind, strings.Join(regexp.MustCompile(`(?m)^.*level=(ERROR|WARN).*$`).FindAllString(logs.String(), 5), "\n"))
 		}
 	}
 	if n := countLines(logs, `msg="in-memory view is rebuilt`); n != 0 {
