@@ -186,7 +186,7 @@ func bearerToken(r *http.Request) (token string, ok, malformed bool) {
 		return "", false, false
 	}
 	if len(values) > 1 {
-		return "", true, true
+		return "", true, true // said apart by requireAPIKey
 	}
 	scheme, cred, found := strings.Cut(strings.TrimSpace(values[0]), " ")
 	if !found || !strings.EqualFold(scheme, "Bearer") {
@@ -228,8 +228,11 @@ func requireAPIKey(keys *keyRing, guard *authGuard, sawKey func(*http.Request, k
 		case malformed:
 			guard.failed(addr, "malformed", now)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore"`)
-			writeError(w, http.StatusUnauthorized, codeUnauthorized,
-				"malformed Authorization header: expected Authorization: Bearer <key>")
+			msg := "malformed Authorization header: expected Authorization: Bearer <key>"
+			if len(r.Header.Values("Authorization")) > 1 {
+				msg = "two or more Authorization headers were sent: send exactly one, Authorization: Bearer <key>"
+			}
+			writeError(w, http.StatusUnauthorized, codeUnauthorized, msg)
 		default:
 			d := keyDigest(sha256.Sum256([]byte(token)))
 			sawKey(r, d)

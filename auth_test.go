@@ -67,7 +67,8 @@ func TestAuth(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		checkReply(t, reply{resp.StatusCode, resp.Header, b}, 401, map[string]string{"WWW-Authenticate": challenge}, errBody(401, codeUnauthorized, malformed))
+		checkReply(t, reply{resp.StatusCode, resp.Header, b}, 401, map[string]string{"WWW-Authenticate": challenge},
+			errBody(401, codeUnauthorized, "two or more Authorization headers were sent: send exactly one, Authorization: Bearer <key>"))
 	})
 
 	// Every /v1 path needs the key, including ones that do not exist and

@@ -76,6 +76,22 @@ func parseListQuery(rawQuery string) (petFilter, error) {
 	return f, nil
 }
 
+// checkNoQuery refuses any query parameter, for the operations that take
+// none (getPet): a typo must not be taken for a filter that worked.
+func checkNoQuery(rawQuery string) error {
+	for _, pair := range strings.Split(rawQuery, "&") {
+		if pair == "" {
+			continue
+		}
+		name, _, _ := strings.Cut(pair, "=")
+		if unescaped, err := url.QueryUnescape(name); err == nil {
+			name = unescaped
+		}
+		return fmt.Errorf("unknown query parameter %s; this operation takes none", quoteValue(name))
+	}
+	return nil
+}
+
 // errMalformedQuery is the answer to a query string that is not
 // name=value pairs.
 var errMalformedQuery = errors.New("malformed query string: use name=value pairs joined by &, percent-encoded")
@@ -539,12 +555,34 @@ func decodeCategoryID(raw json.RawMessage, id *int64) string {
 
 // decodeStatus validates a status member against the enumeration.
 func decodeStatus(raw json.RawMessage, status *string) string {
+	const want = "status must be one of available, pending, sold (or omitted, for available)"
 	var s string
-	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil || !slices.Contains(petStatuses, s) {
-		return "status must be one of available, pending, sold (or omitted, for available), got " + quoteValue(string(raw))
+	switch {
+	case len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil:
+		return want + ", got " + jsonKind(raw)
+	case !slices.Contains(petStatuses, s):
+		return want + ", got " + quoteValue(s) // the value, not its JSON: quoted once
 	}
 	*status = s
 	return ""
+}
+
+// jsonKind names the kind of a JSON value that is not a string, for a
+// message.
+func jsonKind(raw json.RawMessage) string {
+	switch {
+	case len(raw) == 0:
+		return "nothing"
+	case raw[0] == '{':
+		return "a JSON object"
+	case raw[0] == '[':
+		return "a JSON array"
+	case string(raw) == "true" || string(raw) == "false":
+		return "a JSON boolean"
+	case string(raw) == "null":
+		return "null"
+	}
+	return "a JSON number"
 }
 
 // buffers recycles answer buffers between requests.

@@ -104,6 +104,10 @@ func nextPageLink(limit int, status string, after int64) string {
 
 // getPet answers GET /v1/pets/{petId}.
 func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
+	if err := checkNoQuery(r.URL.RawQuery); err != nil {
+		writeError(w, http.StatusBadRequest, codeInvalidParameter, err.Error())
+		return
+	}
 	id, ok := parseDecimal(r.PathValue("petId"))
 	if !ok || id < 1 {
 		writeError(w, http.StatusBadRequest, codeInvalidParameter,
