@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -53,7 +54,7 @@ func (f *flagEnv) string(p *string, name, env, def, usage string) {
 }
 
 func (f *flagEnv) duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	checked(f, p, name, env, def, def.String(), "a positive duration such as 5s or 1m30s", usage, func(v string) (time.Duration, error) {
+	checked(f, p, name, env, def, def.String(), "a positive duration such as 5s or 1m30s", usage+", a `duration`", func(v string) (time.Duration, error) {
 		d, err := time.ParseDuration(v)
 		if err == nil && d <= 0 {
 			err = errors.New("not positive")
@@ -63,7 +64,7 @@ func (f *flagEnv) duration(p *time.Duration, name, env string, def time.Duration
 }
 
 func (f *flagEnv) int(p *int, name, env string, def int, usage string) {
-	checked(f, p, name, env, def, strconv.Itoa(def), "a positive integer", usage, func(v string) (int, error) {
+	checked(f, p, name, env, def, strconv.Itoa(def), "a positive integer", usage+", an `int`", func(v string) (int, error) {
 		n, err := strconv.Atoi(v)
 		if err == nil && n <= 0 {
 			err = errors.New("not positive")
@@ -121,31 +122,34 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	var c config
 	fs := newFlagSet("petstore")
 	f := &flagEnv{fs: fs, getenv: getenv}
-	f.string(&c.addr, "addr", "PETSTORE_ADDR", "127.0.0.1:8080", "listen address, host:port")
-	f.string(&c.db, "db", "PETSTORE_DB", "petstore.db", "SQLite database file, created if missing")
-	f.string(&c.apiKeysFile, "api-keys-file", "PETSTORE_API_KEYS_FILE", "", "file of API keys, one a line, plain or sha256:<hex>; SIGHUP re-reads it")
-	f.string(&c.tlsCert, "tls-cert", "PETSTORE_TLS_CERT", "", "PEM certificate chain; with -tls-key, serve HTTPS")
-	f.string(&c.tlsKey, "tls-key", "PETSTORE_TLS_KEY", "", "PEM private key for -tls-cert")
+	f.string(&c.addr, "addr", "PETSTORE_ADDR", "127.0.0.1:8080", "listen address, `host:port` (:8080 for every interface)")
+	f.string(&c.db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file`, created if missing")
+	f.string(&c.apiKeysFile, "api-keys-file", "PETSTORE_API_KEYS_FILE", "", "`file` of API keys, one a line, plain or sha256:<hex>; SIGHUP re-reads it")
+	f.string(&c.tlsCert, "tls-cert", "PETSTORE_TLS_CERT", "", "PEM certificate chain `file`; with -tls-key, serve HTTPS")
+	f.string(&c.tlsKey, "tls-key", "PETSTORE_TLS_KEY", "", "PEM private key `file` for -tls-cert")
 	f.duration(&c.readHeaderTimeout, "read-header-timeout", "PETSTORE_READ_HEADER_TIMEOUT", 5*time.Second, "time allowed to send the request headers")
 	f.duration(&c.readTimeout, "read-timeout", "PETSTORE_READ_TIMEOUT", 30*time.Second, "time allowed to send the whole request")
 	f.duration(&c.writeTimeout, "write-timeout", "PETSTORE_WRITE_TIMEOUT", 30*time.Second, "time allowed from the end of the request headers to the end of the response")
 	f.duration(&c.idleTimeout, "idle-timeout", "PETSTORE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive connection is kept")
 	f.int(&c.maxHeaderBytes, "max-header-bytes", "PETSTORE_MAX_HEADER_BYTES", 16<<10, "largest request header block, in bytes")
-	f.string(&c.logFormat, "log-format", "PETSTORE_LOG_FORMAT", "text", "log format: text or json")
+	f.string(&c.logFormat, "log-format", "PETSTORE_LOG_FORMAT", "text", "log `format`: text or json")
 	var level, origins string
-	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log level: debug, info (one line per request), warn or error")
-	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser origins allowed to call the API, comma-separated, exact (https://office.example.com)")
+	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log `level`: debug, info (one line per request), warn or error")
+	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)")
 	var maxConns, rate, burst string
 	f.string(&maxConns, "max-conns", "PETSTORE_MAX_CONNS", "", fmt.Sprintf(
-		"most client connections open at once; more wait at the listener (default: the descriptor limit less room for the database, here %d)", defaultMaxConns()))
+		"most client connections open at once (an `int`); more wait at the listener (default: the descriptor limit less room for the database, here %d)", defaultMaxConns()))
 	f.int(&c.maxConnsPerClient, "max-conns-per-client", "PETSTORE_MAX_CONNS_PER_CLIENT", 256,
 		"most connections one client address may hold open; more are answered 503 (behind a reverse proxy, every client has its address: raise it)")
-	f.string(&rate, "rate-limit", "PETSTORE_RATE_LIMIT", "", "requests per API key, such as 50/s, 3000/m or 100000/h; off when empty")
-	f.string(&burst, "rate-burst", "PETSTORE_RATE_BURST", "", "requests a key may send at once before the rate applies (default: the rate's count, 50 for 50/s)")
+	f.string(&rate, "rate-limit", "PETSTORE_RATE_LIMIT", "", "requests per API key, a `rate` such as 50/s, 3000/m or 100000/h; off when empty")
+	f.string(&burst, "rate-burst", "PETSTORE_RATE_BURST", "", "requests a key may send at once before the rate applies, an `int` (default: the rate's count, 50 for 50/s)")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	err := fs.Parse(args[1:])
 	if err != nil && f.err != nil {
 		return c, f.err // a flag or variable refused, with its message
+	}
+	if name, ok := strings.CutPrefix(fmt.Sprint(err), "flag provided but not defined: -"); ok {
+		return c, fmt.Errorf("unknown flag -%s%s (petstore -h lists them)", name, nearestFlag(fs, name))
 	}
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -165,6 +169,13 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q (commands: backup, restore, keygen)", fs.Arg(0))
+	}
+	if _, _, err := net.SplitHostPort(c.addr); err != nil {
+		hint := "such as 127.0.0.1:8080, or :8080 for every interface"
+		if _, numErr := strconv.Atoi(c.addr); numErr == nil {
+			hint = fmt.Sprintf("use :%s or 127.0.0.1:%s", c.addr, c.addr)
+		}
+		return c, fmt.Errorf("-addr (PETSTORE_ADDR) must be host:port, got %q: %s", c.addr, hint)
 	}
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return c, errors.New("-tls-cert and -tls-key go together: give both or neither")
@@ -249,4 +260,53 @@ func parseRateLimit(rate, burst string) (rateLimit, error) {
 	}
 	l.window = int(math.Ceil(float64(l.burst) / l.perSecond))
 	return l, nil
+}
+
+// flagAliases are names people reach for, and the flag that does it.
+var flagAliases = map[string]string{
+	"port": "addr", "listen": "addr", "host": "addr", "bind": "addr", "address": "addr",
+	"database": "db", "db-path": "db", "file": "db",
+	"keys": "api-keys-file", "key": "api-keys-file", "api-key": "api-keys-file", "api-keys": "api-keys-file",
+	"cert": "tls-cert", "key-file": "tls-key", "tls": "tls-cert",
+	"cors": "cors-origins", "origins": "cors-origins", "verbose": "log-level", "debug": "log-level",
+}
+
+// nearestFlag suggests the flag meant by an unknown name: an alias, or
+// the defined name fewest edits away (at most a third of its length).
+func nearestFlag(fs *flag.FlagSet, name string) string {
+	name = strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-")
+	if alias, ok := flagAliases[strings.ToLower(name)]; ok {
+		return "; did you mean -" + alias + "?"
+	}
+	best, bestDistance := "", len(name)/3+1
+	fs.VisitAll(func(f *flag.Flag) {
+		if d := editDistance(name, f.Name); d < bestDistance {
+			best, bestDistance = f.Name, d
+		}
+	})
+	if best == "" {
+		return ""
+	}
+	return "; did you mean -" + best + "?"
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }

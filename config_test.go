@@ -52,6 +52,15 @@ func TestCommandLines(t *testing.T) {
 			t.Errorf("%v: %v, printed %q", args, err, out.String())
 		}
 	}
+	// -h names the kind of each value, and its default.
+	var help bytes.Buffer
+	run(context.Background(), []string{"petstore", "-h"}, env, &help, io.Discard)
+	for _, want := range []string{"\n  -addr host:port\n", "\n  -idle-timeout duration\n", "(default 2m0s)", "\n  -max-header-bytes int\n",
+		"\n  -cors-origins origins\n", "\n  -rate-limit rate\n", "\n  -db file\n"} {
+		if !strings.Contains(help.String(), want) {
+			t.Errorf("-h lacks %q:\n%s", want, help.String())
+		}
+	}
 	db := filepath.Join(t.TempDir(), "pets.db")
 	preloadPets(t, db, 3)
 	dst := filepath.Join(t.TempDir(), "b.db")
