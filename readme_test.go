@@ -18,9 +18,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// readmeExample is a curl command of README.md and the output written
+// documents are the project's documents, in the order their examples
+// run: README.md, then what it links to.
+var documents = []string{"README.md", "docs/clients.md", "docs/operations.md", "docs/performance.md", "docs/development.md"}
+
+// readmeExample is a curl command of a document and the output written
 // under it as "# " lines.
 type readmeExample struct {
+	file string
 	line int
 	cmd  string
 	want []string
@@ -77,7 +82,8 @@ func readmeSession(t *testing.T, readme string) (env map[string]string, args []s
 	for _, m := range regexp.MustCompile(`(?m)^export (\w+)=(\S+)`).FindAllStringSubmatch(readme[:strings.Index(readme, start[0])], -1) {
 		env[m[1]] = m[2]
 	}
-	args = strings.Fields(start[1])
+	// Redirections (the log to a file) are the shell's, not flags.
+	args = slices.DeleteFunc(strings.Fields(start[1]), func(f string) bool { return strings.ContainsAny(f[:1], "<>") || strings.HasPrefix(f, "2>") })
 	for i := range args {
 		if args[i] == "-db" && i+1 < len(args) {
 			args[i+1] = filepath.Join(t.TempDir(), args[i+1])
@@ -93,14 +99,26 @@ func TestREADMEExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	examples := readmeCurlExamples(string(readme))
-	if len(examples) < 15 {
-		t.Fatalf("found %d curl examples in README.md; the reader is broken", len(examples))
+	// The README's session first, then the documents it links to, which
+	// go on from where it ends.
+	var examples []readmeExample
+	for _, doc := range documents {
+		text, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ex := range readmeCurlExamples(string(text)) {
+			ex.file = doc
+			examples = append(examples, ex)
+		}
+	}
+	if len(examples) < 17 {
+		t.Fatalf("found %d curl examples in the documents; the reader is broken", len(examples))
 	}
 	env, args := readmeSession(t, string(readme))
 	base, _, _ := startRun(t, args, env)
 	for _, ex := range examples {
-		where := fmt.Sprintf("README.md:%d: %s", ex.line, ex.cmd)
+		where := fmt.Sprintf("%s:%d: %s", ex.file, ex.line, ex.cmd)
 		if len(ex.want) == 0 {
 			t.Errorf("%s: no output documented under the example", where)
 			continue
