@@ -92,6 +92,18 @@ func readmeSession(t *testing.T, readme string) (env map[string]string, args []s
 	return env, append([]string{"-addr", "127.0.0.1:0"}, args...)
 }
 
+// TestREADMESize: the README is a newcomer's page, read in minutes; what
+// an operator or a developer needs is in docs/.
+func TestREADMESize(t *testing.T) {
+	fi, err := os.Stat("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() >= 20000 {
+		t.Errorf("README.md is %d bytes, want under 20,000: move what is not for a newcomer to docs/", fi.Size())
+	}
+}
+
 func TestREADMEExamples(t *testing.T) {
 	needTool(t, "curl", "apt-get install curl")
 	bash := needTool(t, "bash", "apt-get install bash")
