@@ -12,6 +12,8 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -265,7 +267,7 @@ func parseRateLimit(rate, burst string) (rateLimit, error) {
 // flagAliases are names people reach for, and the flag that does it.
 var flagAliases = map[string]string{
 	"port": "addr", "listen": "addr", "host": "addr", "bind": "addr", "address": "addr",
-	"database": "db", "db-path": "db", "file": "db",
+	"database": "db", "db-path": "db", "db-file": "db", "dbfile": "db", "file": "db",
 	"keys": "api-keys-file", "key": "api-keys-file", "api-key": "api-keys-file", "api-keys": "api-keys-file",
 	"cert": "tls-cert", "key-file": "tls-key", "tls": "tls-cert",
 	"cors": "cors-origins", "origins": "cors-origins", "verbose": "log-level", "debug": "log-level",
@@ -309,4 +311,53 @@ func editDistance(a, b string) int {
 		prev = cur
 	}
 	return prev[len(b)]
+}
+
+// knownVariables are the PETSTORE_ variables petstore reads: the keys,
+// and one for each flag, as -h names them.
+func knownVariables() []string {
+	var usage strings.Builder
+	parseFlags([]string{"petstore", "-h"}, func(string) string { return "" }, &usage)
+	names := []string{"PETSTORE_API_KEYS"}
+	for _, m := range regexp.MustCompile(`\(env (PETSTORE_[A-Z_]+)\)`).FindAllStringSubmatch(usage.String(), -1) {
+		names = append(names, m[1])
+	}
+	return names
+}
+
+// unknownVariables are the PETSTORE_ names in environ ("NAME=value") that
+// petstore does not read.
+func unknownVariables(environ []string) []string {
+	known := knownVariables()
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "PETSTORE_") && !slices.Contains(known, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
+}
+
+// nearestVariable suggests the variable meant by an unknown name, as
+// nearestFlag does for flags.
+func nearestVariable(name string) string {
+	flagName := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, "PETSTORE_")), "_", "-")
+	if strings.HasPrefix(flagName, "api-key") && !strings.Contains(flagName, "file") {
+		return "; did you mean PETSTORE_API_KEYS?"
+	}
+	fs := newFlagSet("petstore")
+	var discard strings.Builder
+	// The flags, defined as parseFlags defines them: read from -h.
+	parseFlags([]string{"petstore", "-h"}, func(string) string { return "" }, &discard)
+	for _, m := range regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(discard.String(), -1) {
+		fs.Bool(m[1], false, "")
+	}
+	hint := nearestFlag(fs, flagName)
+	if hint == "" {
+		return ""
+	}
+	meant := strings.TrimSuffix(strings.TrimPrefix(hint, "; did you mean -"), "?")
+	return "; did you mean PETSTORE_" + strings.ToUpper(strings.ReplaceAll(meant, "-", "_")) + "?"
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -78,5 +79,30 @@ func TestCommandLines(t *testing.T) {
 	err = run(context.Background(), []string{"petstore", "keygen", "extra"}, env, io.Discard, io.Discard)
 	if want := `keygen takes no arguments, got "extra" (petstore keygen -h)`; err == nil || err.Error() != want {
 		t.Errorf("keygen extra: %v, want %q", err, want)
+	}
+}
+
+// TestUnknownVariables: at start, each PETSTORE_ variable petstore does
+// not read gets a warning naming the one meant, when one is near.
+func TestUnknownVariables(t *testing.T) {
+	logs := &syncBuffer{}
+	cmd := exec.Command(petstoreBinary(t), "-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "pets.db"))
+	cmd.Env = binaryEnv("PETSTORE_API_KEYS="+testKey, "PETSTORE_PORT=8080", "PETSTORE_API_KEY=x", "PETSTORE_DB_FILE=pets.db", "PETSTORE_COLOUR=red")
+	cmd.Stderr = logs
+	must(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	waitForLog(t, logs, `msg=listening`, 1)
+	for _, want := range []string{
+		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_API_KEYS\?" name=PETSTORE_API_KEY`,
+		`level=WARN msg="environment variable not read by petstore: it has no effect" name=PETSTORE_COLOUR`,
+		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_DB\?" name=PETSTORE_DB_FILE`,
+		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_ADDR\?" name=PETSTORE_PORT`,
+	} {
+		if n := countLines(logs, want); n != 1 {
+			t.Errorf("%d lines %s, want 1:\n%s", n, want, logs)
+		}
+	}
+	if n := countLines(logs, "not read by petstore"); n != 4 {
+		t.Errorf("%d warnings, want 4 (PETSTORE_API_KEYS is read):\n%s", n, logs)
 	}
 }

@@ -32,7 +32,7 @@ func TestOneServicePerFile(t *testing.T) {
 		t.Fatalf("create: %d %s", r.status, r.body)
 	}
 	second := exec.Command(bin, "-addr", "127.0.0.1:0", "-db", db)
-	second.Env = append(os.Environ(), "PETSTORE_API_KEYS="+testKey)
+	second.Env = binaryEnv("PETSTORE_API_KEYS=" + testKey)
 	out, err := second.CombinedOutput()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {

@@ -22,7 +22,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr, os.Environ()...); err != nil {
 		fmt.Fprintf(os.Stderr, "petstore: %v\n", err)
 		stop()
 		os.Exit(1)
@@ -36,7 +36,10 @@ const shutdownGrace = 10 * time.Second
 // run is the whole program. With no subcommand it serves until ctx is
 // cancelled; "backup", "restore" and "keygen" are one-shot commands. Every failure is
 // returned, never printed and swallowed.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// environ is the whole environment, only to warn of PETSTORE_ variables
+// that nothing reads (a typo, a name from another program); the values
+// come from getenv.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, environ ...string) error {
 	if len(args) > 1 {
 		switch args[1] {
 		case "backup":
@@ -47,7 +50,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runKeygen(args[1:], stdout)
 		}
 	}
-	return serve(ctx, args, getenv, stdout, stderr)
+	return serve(ctx, args, getenv, stdout, stderr, environ)
 }
 
 // versionLine describes the build, from what the Go toolchain recorded in
@@ -73,7 +76,7 @@ func versionLine() string {
 }
 
 // serve runs the HTTP service until ctx is cancelled.
-func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, environ []string) error {
 	cfg, err := parseFlags(args, getenv, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -94,6 +97,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	defer logOut.close(time.Second)
 	stderr = logOut
 	log := newLogger(logOut, cfg.logFormat, cfg.logLevel)
+	for _, name := range unknownVariables(environ) {
+		log.Warn("environment variable not read by petstore: it has no effect"+nearestVariable(name), "name", name)
+	}
 
 	keySrc := keySource{list: getenv("PETSTORE_API_KEYS"), file: cfg.apiKeysFile}
 	digests, err := keySrc.load()
