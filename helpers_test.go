@@ -599,19 +599,16 @@ func startBinary(t testing.TB, wrap, args []string, stderr io.Writer) (base stri
 			line, err := lines.ReadString('\n')
 			head.Write([]byte(line))
 			if base := listeningAt(line); base != "" {
-				// The lines before it reach stderr before startBinary
-				// returns, so a test can count them at once.
-				_, err := io.WriteString(stderr, head.String())
 				listening <- base
-				if err == nil {
-					io.Copy(stderr, lines)
-				}
-				return
+				break
 			}
 			if err != nil {
 				close(listening)
 				return
 			}
+		}
+		if _, err := io.WriteString(stderr, head.String()); err == nil {
+			io.Copy(stderr, lines)
 		}
 	}()
 	select {
