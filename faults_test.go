@@ -814,6 +814,8 @@ func TestWALTamperedUnderTheService(t *testing.T) {
 					`level=INFO msg="the file passed the integrity_check the last run asked for`,
 					`level=INFO msg="the pets saved when the files were tampered with are back`,
 				} {
+					// Written before the listening line, and copied on.
+					waitForLog(t, restart, line, 1)
 					if n := countLines(restart, line); n != 1 {
 						t.Errorf("%d lines %s, want 1:\n%s", n, line, restart)
 					}
