@@ -306,9 +306,15 @@ func newAuthGuard(log *slog.Logger) *authGuard {
 // address without the port, and for IPv6 the /64 it is in, which one
 // subscriber holds whole.
 func clientAddr(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	return clientOf(r.RemoteAddr)
+}
+
+// clientOf is the client an address ("host:port") counts for: the host,
+// and for IPv6 the /64 it is in, which one subscriber holds whole.
+func clientOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return r.RemoteAddr
+		return addr
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
 		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"

@@ -40,6 +40,7 @@ type dbFile struct {
 	readOnly atomic.Bool
 	// The -wal file as SQLite opened it, and its -shm (see checkWAL).
 	walID fileID
+	shmID fileID
 	shm   *os.File
 	// print is checkOverwritten's; only the writer loop calls it.
 	print contentPrint
@@ -163,7 +164,12 @@ func (d *dbFile) noteWAL() {
 	if err != nil {
 		return
 	}
-	d.walID, d.shm = fileIDOf(fi), shm
+	shmInfo, err := shm.Stat()
+	if err != nil {
+		shm.Close()
+		return
+	}
+	d.walID, d.shmID, d.shm = fileIDOf(fi), fileIDOf(shmInfo), shm
 	d.holdCheckpointLock()
 }
 
@@ -191,6 +197,15 @@ func (d *dbFile) checkWAL() (err error, cutShort bool) {
 		return &storageError{kind: faultIO, err: statErr}, false
 	case fileIDOf(fi) != d.walID:
 		return gone("%s-wal is now another file", d.path), false
+	}
+	// The -shm is SQLite's index of the -wal, shared by every process: one
+	// deleted or replaced leaves this process on its own copy, and another
+	// process would build a new one and write frames this one cannot see.
+	switch shmInfo, err := os.Stat(d.path + "-shm"); {
+	case errors.Is(err, os.ErrNotExist):
+		return gone("%s-shm was deleted", d.path), false
+	case err == nil && fileIDOf(shmInfo) != d.shmID:
+		return gone("%s-shm is now another file", d.path), false
 	}
 	written, ok := walWritten(d.shm)
 	if !ok || !okBefore || written != indexBefore {

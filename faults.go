@@ -462,7 +462,7 @@ func (s *petStore) markReplaced(err error, lost bool) bool {
 		s.logRescue(se)
 		return true
 	}
-	s.log.Error("the database's -wal file was deleted, replaced or cut short under the running service: creates are refused from now on; "+
+	s.log.Error("the database's -wal or -shm file was deleted or replaced under the running service: creates are refused from now on; "+
 		"a -wal the service still held open is saved into the database file first; then restart the service, and if pets are missing "+
 		"restore from the replica or a backup (README: Outside writes, restores and replicas)",
 		"db", s.file.path, "err", se.err.Error())

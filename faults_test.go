@@ -696,7 +696,7 @@ func TestReadOnlyMountAtStart(t *testing.T) {
 // and is saved into the database file first: after the kill and a
 // restart, every acknowledged pet is there.
 func TestWALTamperedUnderTheService(t *testing.T) {
-	const walGone = `level=ERROR msg="the database's -wal file was deleted, replaced or cut short`
+	const walGone = `level=ERROR msg="the database's -wal or -shm file was deleted or replaced`
 	const changed = `level=ERROR msg="the database file or its -wal was changed under the running service by something other than SQLite`
 	for _, tt := range []struct {
 		name   string
@@ -711,6 +711,7 @@ func TestWALTamperedUnderTheService(t *testing.T) {
 			must(t, os.WriteFile(db+"-wal.new", nil, 0o600))
 			must(t, os.Rename(db+"-wal.new", db+"-wal"))
 		}, walGone, 0},
+		{"shm deleted", func(t *testing.T, db string, _ *syncBuffer) { must(t, os.Remove(db+"-shm")) }, walGone, 0},
 		{"wal emptied in place", func(t *testing.T, db string, _ *syncBuffer) { must(t, os.Truncate(db+"-wal", 0)) }, changed, 0},
 		{"wal emptied in place while the view is rebuilt after an outside update", func(t *testing.T, db string, logs *syncBuffer) {
 			outside, err := sql.Open("sqlite3", db)

@@ -37,7 +37,7 @@ func defaultMaxConns() int {
 // wait in the listen queue, so the process never runs out of descriptors
 // for the ones it has or for its database; and to make room, the
 // kept-alive connection idle the longest between requests is closed
-// first, so a client from another address is served. One address may hold at most perClient
+// first, so a client from another address is served. One client address (for IPv6, its /64) may hold at most perClient
 // connections: past that, a new one is answered 503 and closed, so one
 // client cannot take them all.
 type limitListener struct {
@@ -88,10 +88,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			<-l.slots
 			return nil, err
 		}
-		client := c.RemoteAddr().String()
-		if host, _, err := net.SplitHostPort(client); err == nil {
-			client = host
-		}
+		client := clientOf(c.RemoteAddr().String())
 		l.mu.Lock()
 		if n := l.open[client]; n >= l.perClient {
 			l.mu.Unlock()

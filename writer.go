@@ -208,8 +208,14 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			if s.storage.faults.current() != nil || s.storage.replaced.Load() != nil {
 				s.probeWrite(&w)
 			}
-			if !s.storage.framesLost.Load() {
+			if !s.storage.framesLost.Load() && s.storage.replaced.Load() == nil {
 				w.boundWAL(s.file.path+"-wal", walLimit)
+				// The service holds the checkpoint lock, so other processes'
+				// checkpoints (Litestream's) are refused: when idle, it
+				// copies the -wal into the file itself, as far as readers
+				// allow, and takes the lock back.
+				w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
+				s.checkFile(w)
 			}
 		}
 	}
