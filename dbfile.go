@@ -279,6 +279,21 @@ func (d *dbFile) walContentDiffers() string {
 	return ""
 }
 
+// framesNotCheckpointed is how many frames of the -wal are not yet in
+// the database file, from SQLite's index; 0 when it cannot be read.
+func (d *dbFile) framesNotCheckpointed() int64 {
+	if d.shm == nil {
+		return 0
+	}
+	var h [136]byte
+	if _, err := d.shm.ReadAt(h[:], 0); err != nil {
+		return 0
+	}
+	frames := int64(binary.NativeEndian.Uint32(h[16:20]))
+	backfilled := int64(binary.NativeEndian.Uint32(h[shmBackfill : shmBackfill+4]))
+	return max(0, frames-backfilled)
+}
+
 // walWritten reads from the -shm file how many bytes of the -wal hold
 // committed frames: the WAL header and mxFrame frames of a page and its
 // 24-byte frame header. SQLite keeps two copies of the index header; a

@@ -211,11 +211,14 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			if !s.storage.framesLost.Load() && s.storage.replaced.Load() == nil {
 				w.boundWAL(s.file.path+"-wal", walLimit)
 				// The service holds the checkpoint lock, so other processes'
-				// checkpoints (Litestream's) are refused: when idle, it
-				// copies the -wal into the file itself, as far as readers
-				// allow, and takes the lock back.
-				w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
-				s.checkFile(w)
+				// checkpoints (Litestream's) are refused: once the -wal holds
+				// as many frames not yet in the file as SQLite's own
+				// automatic checkpoint waits for, the service copies them
+				// itself, as far as readers allow, and takes the lock back.
+				if s.file.framesNotCheckpointed() >= autoCheckpointFrames {
+					w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
+					s.checkFile(w)
+				}
 			}
 		}
 	}
@@ -524,6 +527,9 @@ func (w *batchWriter) reopen(db *sql.DB) (*batchWriter, error) {
 	w.conn.Close()
 	return fresh, nil
 }
+
+// autoCheckpointFrames is SQLite's default wal_autocheckpoint, in frames.
+const autoCheckpointFrames = 1000
 
 // walLimit bounds the WAL file on disk (see boundWAL).
 const walLimit = 64 << 20
