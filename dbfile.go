@@ -156,11 +156,10 @@ func (d *dbFile) noteWAL() {
 	if err != nil {
 		return
 	}
-	// Read-write: the service holds SQLite's checkpoint lock on it (see
-	// holdCheckpointLock). Like the lock's descriptor of the database, it
-	// is closed only after SQLite's connections: closing a descriptor of
-	// the -shm releases the process's locks on it, SQLite's own included.
-	shm, err := os.OpenFile(d.path+"-shm", os.O_RDWR, 0)
+	// Like the lock's descriptor of the database, it is closed only after
+	// SQLite's connections: closing a descriptor of the -shm releases the
+	// process's locks on it, SQLite's own included.
+	shm, err := os.Open(d.path + "-shm")
 	if err != nil {
 		return
 	}
@@ -170,7 +169,6 @@ func (d *dbFile) noteWAL() {
 		return
 	}
 	d.walID, d.shmID, d.shm = fileIDOf(fi), fileIDOf(shmInfo), shm
-	d.holdCheckpointLock()
 }
 
 // checkWAL returns a faultTampered storageError once the -wal file SQLite
@@ -279,21 +277,6 @@ func (d *dbFile) walContentDiffers() string {
 	return ""
 }
 
-// framesNotCheckpointed is how many frames of the -wal are not yet in
-// the database file, from SQLite's index; 0 when it cannot be read.
-func (d *dbFile) framesNotCheckpointed() int64 {
-	if d.shm == nil {
-		return 0
-	}
-	var h [136]byte
-	if _, err := d.shm.ReadAt(h[:], 0); err != nil {
-		return 0
-	}
-	frames := int64(binary.NativeEndian.Uint32(h[16:20]))
-	backfilled := int64(binary.NativeEndian.Uint32(h[shmBackfill : shmBackfill+4]))
-	return max(0, frames-backfilled)
-}
-
 // walWritten reads from the -shm file how many bytes of the -wal hold
 // committed frames: the WAL header and mxFrame frames of a page and its
 // 24-byte frame header. SQLite keeps two copies of the index header; a
@@ -332,16 +315,14 @@ func (d *dbFile) close() error {
 // The database file overwritten in place (cp over the live file) is told
 // from SQLite's own writes this way. In WAL mode only a checkpoint writes
 // the file, holding SQLite's checkpoint lock, and moving the checkpoint
-// record in the -shm as it does. The service holds that lock itself (a
-// POSIX lock on its byte of the -shm) except while its own writer commits,
-// so every checkpoint is the service's own: another process's (Litestream,
-// a sqlite3 shell) is answered "busy", which they take in their stride,
-// and the WAL is checkpointed by the service, which bounds it. So while the
-// record stands still, the file's content cannot change: when its size or
-// times have, its first page and its last pages are compared with what
-// they were; a touch or a chmod changes neither. When the record moved, a checkpoint ran:
-// the file must still be petstore's, and its change counter must not have
-// gone back.
+// record in the -shm as it does; this process's own checkpoints run on
+// the writer, between these checks. So while the record stands still and
+// no other process holds the lock, the file's content cannot change: when
+// its size or times have, its first page, its last 32 KiB and the pages
+// the last checkpoints wrote are compared with what they were; a touch or
+// a chmod changes none. When the record moved, a checkpoint ran: the file
+// must still be petstore's, and its change counter must not have gone
+// back.
 
 // contentPrint is what the service knows of the database file's content
 // since the last checkpoint.
@@ -372,13 +353,12 @@ const (
 	shmCheckpointBit = 121
 )
 
-// holdCheckpointLock takes SQLite's checkpoint lock for this process,
-// once SQLite's own checkpoint has let it go: a lock this process holds
-// does not stop its own connections, which share its locks. It reports
-// false while another process holds it.
-func (d *dbFile) holdCheckpointLock() bool {
+// checkpointLockHeld reports whether another process holds SQLite's
+// checkpoint lock: its checkpoint may be writing the file (this process's
+// own locks are not reported).
+func (d *dbFile) checkpointLockHeld() bool {
 	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Start: shmCheckpointBit, Len: 1}
-	return syscall.FcntlFlock(d.shm.Fd(), syscall.F_SETLK, &lk) == nil
+	return syscall.FcntlFlock(d.shm.Fd(), syscall.F_GETLK, &lk) != nil || lk.Type != syscall.F_UNLCK
 }
 
 // checkpointState reads the part of the -shm that changes whenever a
@@ -403,10 +383,9 @@ func (d *dbFile) checkOverwritten() error {
 	if d.shm == nil {
 		return nil
 	}
-	// Taken again after each of this process's own checkpoints, which let
-	// it go. While another process holds it, its checkpoint may be writing
-	// the file: looked at again once it has let go.
-	if !d.holdCheckpointLock() {
+	// While another process's checkpoint may be writing the file, it is
+	// looked at again once that one has let go.
+	if d.checkpointLockHeld() {
 		return nil
 	}
 	var now contentPrint

@@ -210,15 +210,6 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			}
 			if !s.storage.framesLost.Load() && s.storage.replaced.Load() == nil {
 				w.boundWAL(s.file.path+"-wal", walLimit)
-				// The service holds the checkpoint lock, so other processes'
-				// checkpoints (Litestream's) are refused: once the -wal holds
-				// as many frames not yet in the file as SQLite's own
-				// automatic checkpoint waits for, the service copies them
-				// itself, as far as readers allow, and takes the lock back.
-				if s.file.framesNotCheckpointed() >= autoCheckpointFrames {
-					w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
-					s.checkFile(w)
-				}
 			}
 		}
 	}
@@ -527,9 +518,6 @@ func (w *batchWriter) reopen(db *sql.DB) (*batchWriter, error) {
 	w.conn.Close()
 	return fresh, nil
 }
-
-// autoCheckpointFrames is SQLite's default wal_autocheckpoint, in frames.
-const autoCheckpointFrames = 1000
 
 // walLimit bounds the WAL file on disk (see boundWAL).
 const walLimit = 64 << 20
