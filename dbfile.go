@@ -38,9 +38,12 @@ type dbFile struct {
 	// readOnly: the file could be opened only for reading at start; it
 	// is cleared once a write has worked.
 	readOnly atomic.Bool
-	// The -wal file as SQLite opened it, and its -shm (see checkWAL).
+	// The -wal file as SQLite opened it, and its -shm (see checkWAL),
+	// both kept open to read: the -wal while it is still the one at the
+	// path, the -shm for SQLite's index of it.
 	walID fileID
 	shmID fileID
+	wal   *os.File
 	shm   *os.File
 	// print is checkOverwritten's; only the writer loop calls it.
 	print contentPrint
@@ -152,8 +155,13 @@ func (d *dbFile) markForCheck() {
 // to read SQLite's index of it. It is called once the connections have
 // opened them; until it has seen them, checkWAL has nothing to compare.
 func (d *dbFile) noteWAL() {
-	fi, err := os.Stat(d.path + "-wal")
+	wal, err := os.Open(d.path + "-wal")
 	if err != nil {
+		return
+	}
+	fi, err := wal.Stat()
+	if err != nil {
+		wal.Close()
 		return
 	}
 	// Like the lock's descriptor of the database, it is closed only after
@@ -161,14 +169,16 @@ func (d *dbFile) noteWAL() {
 	// process's locks on it, SQLite's own included.
 	shm, err := os.Open(d.path + "-shm")
 	if err != nil {
+		wal.Close()
 		return
 	}
 	shmInfo, err := shm.Stat()
 	if err != nil {
+		wal.Close()
 		shm.Close()
 		return
 	}
-	d.walID, d.shmID, d.shm = fileIDOf(fi), fileIDOf(shmInfo), shm
+	d.walID, d.shmID, d.wal, d.shm = fileIDOf(fi), fileIDOf(shmInfo), wal, shm
 }
 
 // checkWAL returns a faultTampered storageError once the -wal file SQLite
@@ -215,7 +225,7 @@ func (d *dbFile) checkWAL() (err error, cutShort bool) {
 	// Cut short while a commit ran, it was written on past the cut: SQLite
 	// writes every byte of the -wal, so a hole where frames were is them
 	// lost. (A filesystem that cannot tell holes says there are none.)
-	if hole := firstHole(d.path + "-wal"); hole < written {
+	if hole := firstHole(d.wal); hole < written {
 		return gone("%s-wal was cut short at %d bytes and written on past the cut: SQLite's index says %d were written to it", d.path, hole, written), true
 	}
 	// Overwritten in place with other content (an older copy of it): its
@@ -240,22 +250,13 @@ func (d *dbFile) walContentDiffers() string {
 	if !ok || written <= 32 {
 		return ""
 	}
-	wal, err := os.Open(d.path + "-wal")
-	if err != nil {
-		return ""
-	}
-	defer wal.Close()
 	var header [32]byte
 	var frame [24]byte
-	if _, err := wal.ReadAt(header[:], 0); err != nil {
+	if _, err := d.wal.ReadAt(header[:], 0); err != nil {
 		return ""
 	}
-	pageSize := int64(binary.NativeEndian.Uint16(h[14:16]))
-	if pageSize == 1 {
-		pageSize = 65536
-	}
 	// The last frame: its 24-byte header and a page, at the end.
-	if _, err := wal.ReadAt(frame[:], written-(pageSize+24)); err != nil {
+	if _, err := d.wal.ReadAt(frame[:], written-(shmPageSize(h[:48])+24)); err != nil {
 		return ""
 	}
 	var again [96]byte
@@ -294,19 +295,25 @@ func walWrittenBy(h []byte) (int64, bool) {
 	if h[12] == 0 {
 		return 0, false
 	}
-	pageSize := int64(binary.NativeEndian.Uint16(h[14:16]))
-	if pageSize == 1 {
-		pageSize = 65536
-	}
 	frames := int64(binary.NativeEndian.Uint32(h[16:20]))
 	if frames == 0 {
 		return 0, true
 	}
-	return 32 + frames*(pageSize+24), true
+	return 32 + frames*(shmPageSize(h)+24), true
+}
+
+// shmPageSize is the page size in an index header of the -shm: native
+// endian, and 1 for 65536.
+func shmPageSize(h []byte) int64 {
+	if size := int64(binary.NativeEndian.Uint16(h[14:16])); size != 1 {
+		return size
+	}
+	return 65536
 }
 
 func (d *dbFile) close() error {
 	if d.shm != nil {
+		d.wal.Close()
 		d.shm.Close()
 	}
 	return d.f.Close()
@@ -432,7 +439,7 @@ func (d *dbFile) checkOverwritten() error {
 		return overwritten("its content changed while no checkpoint ran")
 	default:
 		for page, digest := range last.written {
-			if d.pageDigest(page) != digest {
+			if d.pageDigest(page, headerPageSize(now.head[:])) != digest {
 				return overwritten("page %d changed while no checkpoint ran", page)
 			}
 		}
@@ -456,24 +463,16 @@ func (d *dbFile) checkpointedPages(before, after [16]byte) map[uint32]uint64 {
 	if _, err := d.shm.ReadAt(h[:], 0); err != nil {
 		return nil
 	}
-	pageSize := int64(binary.NativeEndian.Uint16(h[14:16]))
-	if pageSize == 1 {
-		pageSize = 65536
-	}
-	wal, err := os.Open(d.path + "-wal")
-	if err != nil {
-		return nil
-	}
-	defer wal.Close()
+	pageSize := shmPageSize(h[:])
 	pages := map[uint32]uint64{}
 	var frame [4]byte
 	// Newest first: when there are more than the bound, the newest count.
 	for i := int64(to); i > int64(from) && len(pages) < maxWrittenPages; i-- {
-		if _, err := wal.ReadAt(frame[:], 32+(i-1)*(pageSize+24)); err != nil {
+		if _, err := d.wal.ReadAt(frame[:], 32+(i-1)*(pageSize+24)); err != nil {
 			return nil
 		}
 		if n := binary.BigEndian.Uint32(frame[:]); pages[n] == 0 {
-			pages[n] = d.pageDigest(n)
+			pages[n] = d.pageDigest(n, pageSize)
 		}
 	}
 	return pages
@@ -486,21 +485,24 @@ func digestOf(b []byte) uint64 {
 	return sum.Sum64() | 1
 }
 
-// pageDigest is digestOf page n (from 1) of the database file, of
-// whatever can be read there.
-func (d *dbFile) pageDigest(n uint32) uint64 {
-	size := int64(4096)
-	var hdr [2]byte
-	if _, err := d.f.ReadAt(hdr[:], 16); err == nil {
-		if ps := int64(binary.BigEndian.Uint16(hdr[:])); ps == 1 {
-			size = 65536
-		} else if ps >= 512 {
-			size = ps
-		}
-	}
-	page := make([]byte, size)
-	k, _ := d.f.ReadAt(page, int64(n-1)*size)
+// pageDigest is digestOf page n (from 1), of pageSize bytes, of the
+// database file: of whatever can be read there.
+func (d *dbFile) pageDigest(n uint32, pageSize int64) uint64 {
+	page := make([]byte, pageSize)
+	k, _ := d.f.ReadAt(page, int64(n-1)*pageSize)
 	return digestOf(page[:k])
+}
+
+// headerPageSize is the page size in a database header: big endian, and
+// 1 for 65536; 4096 for a header that holds none yet.
+func headerPageSize(header []byte) int64 {
+	switch size := int64(binary.BigEndian.Uint16(header[16:18])); {
+	case size == 1:
+		return 65536
+	case size >= 512:
+		return size
+	}
+	return 4096
 }
 
 // readPrint reads the file's first 4 KiB and last 32 KiB into p.
@@ -522,14 +524,10 @@ func changeCounter(header []byte) uint32 { return binary.BigEndian.Uint32(header
 // until a checkpoint has copied the page that set it.
 func appID(header []byte) uint32 { return binary.BigEndian.Uint32(header[68:72]) }
 
-// firstHole is the offset of the first hole in the file (its size when
-// it has none), or the largest int64 when it cannot be told.
-func firstHole(path string) int64 {
-	f, err := os.Open(path)
-	if err != nil {
-		return math.MaxInt64
-	}
-	defer f.Close()
+// firstHole is the offset of the first hole in f (its size when it has
+// none), or the largest int64 when it cannot be told. It moves f's
+// offset, which ReadAt does not use.
+func firstHole(f *os.File) int64 {
 	const seekHole = 4 // SEEK_HOLE
 	off, err := f.Seek(0, seekHole)
 	if err != nil {
