@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/url"
@@ -151,7 +152,13 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		return c, f.err // a flag or variable refused, with its message
 	}
 	if name, ok := strings.CutPrefix(fmt.Sprint(err), "flag provided but not defined: -"); ok {
-		return c, fmt.Errorf("unknown flag -%s%s (petstore -h lists them)", name, nearestFlag(fs, name))
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		hint := ""
+		if meant := meantFlag(name, names); meant != "" {
+			hint = "; did you mean -" + meant + "?"
+		}
+		return c, fmt.Errorf("unknown flag -%s%s (petstore -h lists them)", name, hint)
 	}
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -273,23 +280,21 @@ var flagAliases = map[string]string{
 	"cors": "cors-origins", "origins": "cors-origins", "verbose": "log-level", "debug": "log-level",
 }
 
-// nearestFlag suggests the flag meant by an unknown name: an alias, or
-// the defined name fewest edits away (at most a third of its length).
-func nearestFlag(fs *flag.FlagSet, name string) string {
+// meantFlag is the flag of flags an unknown name most likely meant: an
+// alias, or the name fewest edits away (at most a third of its length);
+// "" when none is near.
+func meantFlag(name string, flags []string) string {
 	name = strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-")
 	if alias, ok := flagAliases[strings.ToLower(name)]; ok {
-		return "; did you mean -" + alias + "?"
+		return alias
 	}
 	best, bestDistance := "", len(name)/3+1
-	fs.VisitAll(func(f *flag.Flag) {
-		if d := editDistance(name, f.Name); d < bestDistance {
-			best, bestDistance = f.Name, d
+	for _, f := range flags {
+		if d := editDistance(name, f); d < bestDistance {
+			best, bestDistance = f, d
 		}
-	})
-	if best == "" {
-		return ""
 	}
-	return "; did you mean -" + best + "?"
+	return best
 }
 
 // editDistance is the Levenshtein distance between a and b.
@@ -313,51 +318,48 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// knownVariables are the PETSTORE_ variables petstore reads: the keys,
-// and one for each flag, as -h names them.
-func knownVariables() []string {
+// flagVariables is each flag and the variable it defaults from, as -h
+// names them.
+func flagVariables() map[string]string {
 	var usage strings.Builder
 	parseFlags([]string{"petstore", "-h"}, func(string) string { return "" }, &usage)
-	names := []string{"PETSTORE_API_KEYS"}
-	for _, m := range regexp.MustCompile(`\(env (PETSTORE_[A-Z_]+)\)`).FindAllStringSubmatch(usage.String(), -1) {
-		names = append(names, m[1])
-	}
-	return names
-}
-
-// unknownVariables are the PETSTORE_ names in environ ("NAME=value") that
-// petstore does not read.
-func unknownVariables(environ []string) []string {
-	known := knownVariables()
-	var unknown []string
-	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, "PETSTORE_") && !slices.Contains(known, name) {
-			unknown = append(unknown, name)
+	vars := map[string]string{}
+	env := regexp.MustCompile(`\(env (PETSTORE_[A-Z_]+)\)`)
+	for _, entry := range strings.Split(usage.String(), "\n  -")[1:] {
+		name, _, _ := strings.Cut(entry, " ")
+		name, _, _ = strings.Cut(name, "\n")
+		if m := env.FindStringSubmatch(entry); m != nil {
+			vars[name] = m[1]
 		}
 	}
-	slices.Sort(unknown)
-	return unknown
+	return vars
 }
 
-// nearestVariable suggests the variable meant by an unknown name, as
-// nearestFlag does for flags.
-func nearestVariable(name string) string {
-	flagName := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, "PETSTORE_")), "_", "-")
-	if strings.HasPrefix(flagName, "api-key") && !strings.Contains(flagName, "file") {
-		return "; did you mean PETSTORE_API_KEYS?"
+// unknownVariable is a PETSTORE_ variable petstore does not read, and the
+// one it most likely meant ("" when none is near).
+type unknownVariable struct{ name, meant string }
+
+// unknownVariables are the PETSTORE_ names in environ ("NAME=value") that
+// petstore does not read, in order.
+func unknownVariables(environ []string) []unknownVariable {
+	vars := flagVariables()
+	known := append(slices.Collect(maps.Values(vars)), "PETSTORE_API_KEYS")
+	flags := slices.Collect(maps.Keys(vars))
+	var unknown []unknownVariable
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "PETSTORE_") || slices.Contains(known, name) {
+			continue
+		}
+		v := unknownVariable{name: name}
+		asFlag := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, "PETSTORE_")), "_", "-")
+		if strings.HasPrefix(asFlag, "api-key") && !strings.Contains(asFlag, "file") {
+			v.meant = "PETSTORE_API_KEYS"
+		} else if f := meantFlag(asFlag, flags); f != "" {
+			v.meant = vars[f]
+		}
+		unknown = append(unknown, v)
 	}
-	fs := newFlagSet("petstore")
-	var discard strings.Builder
-	// The flags, defined as parseFlags defines them: read from -h.
-	parseFlags([]string{"petstore", "-h"}, func(string) string { return "" }, &discard)
-	for _, m := range regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(discard.String(), -1) {
-		fs.Bool(m[1], false, "")
-	}
-	hint := nearestFlag(fs, flagName)
-	if hint == "" {
-		return ""
-	}
-	meant := strings.TrimSuffix(strings.TrimPrefix(hint, "; did you mean -"), "?")
-	return "; did you mean PETSTORE_" + strings.ToUpper(strings.ReplaceAll(meant, "-", "_")) + "?"
+	slices.SortFunc(unknown, func(a, b unknownVariable) int { return strings.Compare(a.name, b.name) })
+	return unknown
 }

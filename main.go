@@ -97,8 +97,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	defer logOut.close(time.Second)
 	stderr = logOut
 	log := newLogger(logOut, cfg.logFormat, cfg.logLevel)
-	for _, name := range unknownVariables(environ) {
-		log.Warn("environment variable not read by petstore: it has no effect"+nearestVariable(name), "name", name)
+	for _, v := range unknownVariables(environ) {
+		msg := "environment variable not read by petstore: it has no effect"
+		if v.meant != "" {
+			msg += "; did you mean " + v.meant + "?"
+		}
+		log.Warn(msg, "name", v.name)
 	}
 
 	keySrc := keySource{list: getenv("PETSTORE_API_KEYS"), file: cfg.apiKeysFile}
