@@ -276,11 +276,11 @@ type authGuard struct {
 	log     *slog.Logger
 	blocked atomic.Int64 // addresses blocked now: 0 lets requests skip the lock
 
-	mu            sync.Mutex
-	addrs         map[string]*authFailures
-	minute        time.Time // the minute linesInMinute counts in
-	linesInMinute int
-	heldBack      int // lines mayLog refused since the last summary
+	mu    sync.Mutex
+	addrs map[string]*authFailures
+	// lines bounds the log lines a minute over all addresses; what it
+	// held back is said in one summary line.
+	lines lineBudget
 }
 
 type authFailures struct {
@@ -299,7 +299,7 @@ const (
 )
 
 func newAuthGuard(log *slog.Logger) *authGuard {
-	return &authGuard{log: log, addrs: map[string]*authFailures{}}
+	return &authGuard{log: log, addrs: map[string]*authFailures{}, lines: lineBudget{perMinute: maxAuthLinesPerMinute}}
 }
 
 // clientAddr is who the guard counts a request against: its peer
@@ -379,17 +379,7 @@ func (g *authGuard) failed(addr, why string, now time.Time) {
 // mayLog spends one of the minute's log lines, if any is left: many
 // addresses failing at once (an IPv6 range) must not flood the log. A
 // line held back leaves its count to the next, which watch writes.
-func (g *authGuard) mayLog(now time.Time) bool {
-	if now.Sub(g.minute) >= time.Minute {
-		g.minute, g.linesInMinute = now, 0
-	}
-	if g.linesInMinute >= maxAuthLinesPerMinute {
-		g.heldBack++
-		return false
-	}
-	g.linesInMinute++
-	return true
-}
+func (g *authGuard) mayLog(now time.Time) bool { return g.lines.take(now) }
 
 // makeRoom forgets addresses that are not blocked, the quiet ones first,
 // down to half the bound, so that the cost of tracking is spread over
@@ -433,10 +423,10 @@ func (g *authGuard) watch(ctx context.Context) {
 					f.unlogged, f.loggedAt = 0, now
 				}
 			}
-			if g.heldBack > 0 && g.linesInMinute < maxAuthLinesPerMinute {
-				g.log.Warn("authentication failed from more addresses than the log takes one by one", "lines_held_back", g.heldBack,
+			if g.lines.heldBack > 0 && g.lines.used < maxAuthLinesPerMinute {
+				g.log.Warn("authentication failed from more addresses than the log takes one by one", "lines_held_back", g.lines.heldBack,
 					"most_lines_a_minute", maxAuthLinesPerMinute)
-				g.heldBack = 0
+				g.lines.heldBack = 0
 			}
 			g.sweep(now)
 			g.mu.Unlock()

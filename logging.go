@@ -155,15 +155,37 @@ func (w *logWriter) close(wait time.Duration) {
 // cannot flood the log; a key held back by that limit is not marked as
 // logged, so it shows at its next occurrence once the flood thins.
 type logLimiter struct {
-	period    time.Duration
-	max       int
-	perMinute int
+	period time.Duration
+	max    int
 
-	mu         sync.Mutex
-	seen       map[string]*limitedLine
-	minute     time.Time // start of the minute perMinute counts in
-	inMinute   int       // lines let through in it
-	overBudget int       // lines held back by perMinute since the last line
+	mu     sync.Mutex
+	seen   map[string]*limitedLine
+	budget lineBudget
+}
+
+// lineBudget lets at most perMinute lines through a minute (any number
+// when perMinute is 0), and counts those it holds back.
+type lineBudget struct {
+	perMinute int
+	minute    time.Time // start of the minute the lines count in
+	used      int       // lines let through in it
+	heldBack  int       // lines held back since the owner last reset it
+}
+
+// take spends one of the minute's lines, if any is left.
+func (b *lineBudget) take(now time.Time) bool {
+	if b.perMinute <= 0 {
+		return true
+	}
+	if now.Sub(b.minute) >= time.Minute {
+		b.minute, b.used = now, 0
+	}
+	if b.used >= b.perMinute {
+		b.heldBack++
+		return false
+	}
+	b.used++
+	return true
 }
 
 type limitedLine struct {
@@ -172,7 +194,7 @@ type limitedLine struct {
 }
 
 func newLogLimiter(period time.Duration, max, perMinute int) *logLimiter {
-	return &logLimiter{period: period, max: max, perMinute: perMinute, seen: map[string]*limitedLine{}}
+	return &logLimiter{period: period, max: max, budget: lineBudget{perMinute: perMinute}, seen: map[string]*limitedLine{}}
 }
 
 // allow reports whether a line for key may be logged now, with how many
@@ -186,15 +208,8 @@ func (l *logLimiter) allow(key string, now time.Time) (ok bool, held, others int
 		e.held++
 		return false, 0, 0
 	}
-	if l.perMinute > 0 {
-		if now.Sub(l.minute) >= time.Minute {
-			l.minute, l.inMinute = now, 0
-		}
-		if l.inMinute >= l.perMinute {
-			l.overBudget++
-			return false, 0, 0
-		}
-		l.inMinute++
+	if !l.budget.take(now) {
+		return false, 0, 0
 	}
 	if e == nil {
 		if len(l.seen) >= l.max {
@@ -203,8 +218,8 @@ func (l *logLimiter) allow(key string, now time.Time) (ok bool, held, others int
 		e = &limitedLine{}
 		l.seen[key] = e
 	}
-	held, others = e.held, l.overBudget
-	e.last, e.held, l.overBudget = now, 0, 0
+	held, others = e.held, l.budget.heldBack
+	e.last, e.held, l.budget.heldBack = now, 0, 0
 	return true, held, others
 }
 
