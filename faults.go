@@ -203,6 +203,10 @@ type storeHealth struct {
 	// recheck asks for one now.
 	checked atomic.Pointer[healthCheck]
 	recheck chan struct{}
+	// checkMu orders a check's result after the fault changes counted in
+	// faultChanges: a check that a change overtook is not kept.
+	checkMu      sync.Mutex
+	faultChanges int
 	// stopWatch ends watchHealth, which closes watchDone.
 	stopWatch, watchDone chan struct{}
 }
@@ -213,8 +217,8 @@ type storeHealth struct {
 type faultLog struct {
 	log  *slog.Logger
 	path string
-	// changed is called when a fault begins or ends.
-	changed func()
+	// changed is called when a fault begins (false) or ends (true).
+	changed func(ended bool)
 
 	mu      sync.Mutex
 	kind    faultKind
@@ -237,7 +241,7 @@ func (f *faultLog) failed(kind faultKind, cause error, n int) {
 	}
 	f.kind, f.cause, f.since, f.refused = kind, cause, time.Now(), n
 	if f.changed != nil {
-		defer f.changed()
+		defer f.changed(false)
 	}
 	f.log.Error("storage fault: requests that need it are refused with 503 until it clears",
 		"fault", kind.message(), "err", rootCause(cause).Error(), "db", f.path)
@@ -257,7 +261,7 @@ func (f *faultLog) endLocked(why string) {
 		"refused", f.refused, "lasted", time.Since(f.since).Round(time.Millisecond).String(), "db", f.path)
 	f.kind, f.cause, f.refused = faultNone, nil, 0
 	if f.changed != nil {
-		defer f.changed()
+		defer f.changed(true)
 	}
 }
 
@@ -349,7 +353,31 @@ func (s *petStore) watchHealth(stop <-chan struct{}, done chan<- struct{}) {
 func (s *petStore) checkHealthNow() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	s.storage.checked.Store(&healthCheck{err: s.checkHealth(ctx)})
+	s.storage.checkMu.Lock()
+	generation := s.storage.faultChanges
+	s.storage.checkMu.Unlock()
+	err := s.checkHealth(ctx)
+	s.storage.checkMu.Lock()
+	defer s.storage.checkMu.Unlock()
+	if s.storage.faultChanges != generation {
+		s.recheckHealth() // a fault began or ended meanwhile: this check may be stale
+		return
+	}
+	s.storage.checked.Store(&healthCheck{err: err})
+}
+
+// faultChanged is the fault log's hook. A fault that began or ended makes
+// the latest check stale, and another is run at once. One that ended did
+// so because a write worked, which is the proof a check looks for:
+// /healthz says so at once, without waiting for that check.
+func (s *petStore) faultChanged(ended bool) {
+	s.storage.checkMu.Lock()
+	s.storage.faultChanges++
+	if ended {
+		s.storage.checked.Store(&healthCheck{})
+	}
+	s.storage.checkMu.Unlock()
+	s.recheckHealth()
 }
 
 // recheckHealth asks watchHealth for a check now, without waiting.

@@ -320,7 +320,7 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 		return fail(err)
 	}
 	// Set before the loops run: each may begin or end a fault.
-	s.storage.faults.changed = s.recheckHealth
+	s.storage.faults.changed = s.faultChanged
 	go s.writeLoop(w)
 	s.checkHealthNow()
 	go s.watchHealth(s.storage.stopWatch, s.storage.watchDone)
