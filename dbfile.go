@@ -413,7 +413,7 @@ func (d *dbFile) checkOverwritten() error {
 	if err := d.readPrint(&now); err != nil {
 		return nil // a read error is the I/O checks' business
 	}
-	if after, ok := checkpointState(d.shm); !ok || after != now.ckpt {
+	if after, ok := checkpointState(d.shm); !ok || after != now.ckpt || d.checkpointLockHeld() {
 		return nil
 	}
 	overwritten := func(format string, args ...any) error {
@@ -432,7 +432,21 @@ func (d *dbFile) checkOverwritten() error {
 		if changeCounter(now.head[:]) < changeCounter(last.head[:]) {
 			return overwritten("its change counter went back from %d to %d", changeCounter(last.head[:]), changeCounter(now.head[:]))
 		}
-		now.written = d.checkpointedPages(last.ckpt, now.ckpt) // nil when it cannot tell
+		written, differs, outcome := d.checkCheckpoint(last, &now)
+		switch outcome {
+		case checkpointUnsure:
+			return nil // looked at again at the next check
+		case checkpointUnknown:
+			written = d.checkpointedPages(last.ckpt, now.ckpt) // nil when it cannot tell
+		}
+		// Another process's checkpoint may have written meanwhile.
+		if after, ok := checkpointState(d.shm); !ok || after != now.ckpt || d.checkpointLockHeld() {
+			return nil
+		}
+		if differs != "" {
+			return overwritten("%s", differs)
+		}
+		now.written = written
 	case now.size != last.size:
 		return overwritten("its size changed from %d to %d bytes while no checkpoint ran", last.size, now.size)
 	case now.head != last.head || now.tail != last.tail:
@@ -447,6 +461,135 @@ func (d *dbFile) checkOverwritten() error {
 	}
 	*last = now
 	return nil
+}
+
+// What a checkpoint writes is known from SQLite's wal.c: for each page
+// with frames after the checkpoint record's backfill, it takes the
+// page's newest frame in the -wal, and copies it into the file only when
+// that frame is at or below the new backfill and the page within the
+// database's size; other pages it leaves as they were. So between two
+// records of the same -wal generation, a page the checkpoint copied must
+// equal its frame, and a page the print knows with no frame since the
+// older backfill must be what it was: an overwrite that lands next to a
+// checkpoint (the service's own, which runs inside a commit) is told.
+
+// checkpointOutcome is what checkCheckpoint could tell.
+type checkpointOutcome int
+
+const (
+	checkpointChecked checkpointOutcome = iota // every page it knows was compared
+	checkpointUnsure                           // the -shm moved while read: look again later
+	checkpointUnknown                          // the -wal restarted, or a checkpoint failed part way: which pages were written is gone
+)
+
+// shm layout (SQLite's wal.c): 32 KiB blocks of frame page numbers and
+// their hash table; the first block starts after the 136-byte header.
+const (
+	shmBlock         = 32 << 10
+	shmHeaderSize    = 136
+	shmFramesInFirst = 4096 - shmHeaderSize/4
+	shmFramesInBlock = 4096
+)
+
+// checkCheckpoint compares the file with what the checkpoints between
+// last and now wrote (see above). It returns digests of the pages they
+// copied and of the pages last knew that they left, and what differs.
+func (d *dbFile) checkCheckpoint(last, now *contentPrint) (written map[uint32]uint64, differs string, outcome checkpointOutcome) {
+	from := binary.NativeEndian.Uint32(last.ckpt[8:12])
+	to := binary.NativeEndian.Uint32(now.ckpt[8:12])
+	tried := binary.NativeEndian.Uint32(now.ckpt[12:16])
+	if !bytes.Equal(last.ckpt[:8], now.ckpt[:8]) || to < from || tried != to || now.size < last.size {
+		return nil, "", checkpointUnknown
+	}
+	var h [96]byte
+	if _, err := d.shm.ReadAt(h[:], 0); err != nil || !bytes.Equal(h[:48], h[48:]) {
+		return nil, "", checkpointUnsure
+	}
+	pageSize := shmPageSize(h[:48])
+	maxFrame := binary.NativeEndian.Uint32(h[16:20])
+	dbPages := binary.NativeEndian.Uint32(h[20:24])
+	if maxFrame < to || pageSize != headerPageSize(now.head[:]) {
+		return nil, "", checkpointUnsure
+	}
+	index := make([]byte, (shmBlockOf(maxFrame)+1)*shmBlock)
+	if _, err := d.shm.ReadAt(index, 0); err != nil {
+		return nil, "", checkpointUnsure
+	}
+	// Each page's newest frame after the older backfill.
+	newest := map[uint32]uint32{}
+	for i := maxFrame; i > from; i-- {
+		if n := shmFramePage(index, i); newest[n] == 0 {
+			newest[n] = i
+		}
+	}
+	written = map[uint32]uint64{}
+	frame := make([]byte, pageSize)
+	for i := to; i > from && len(written) < maxWrittenPages; i-- {
+		n := shmFramePage(index, i)
+		if newest[n] != i || n > dbPages {
+			continue // not copied: a newer frame, or past the end
+		}
+		if _, err := d.wal.ReadAt(frame, 32+int64(i-1)*(pageSize+24)+24); err != nil {
+			return nil, "", checkpointUnsure
+		}
+		digest := digestOf(frame)
+		if d.pageDigest(n, pageSize) != digest {
+			return nil, fmt.Sprintf("page %d is not the one a checkpoint copied from the -wal", n), checkpointChecked
+		}
+		written[n] = digest
+	}
+	// Pages with no frame since the older backfill were not written.
+	left := func(offset int64) bool { return newest[uint32(offset/pageSize)+1] == 0 }
+	for off := int64(0); off < int64(len(now.head)); off += min(pageSize, int64(len(now.head))) {
+		end := min(off+pageSize, int64(len(now.head)))
+		if left(off) && !bytes.Equal(now.head[off:end], last.head[off:end]) {
+			return nil, fmt.Sprintf("page %d changed, which no checkpoint wrote", off/pageSize+1), checkpointChecked
+		}
+	}
+	tailAt := max(0, last.size-int64(len(last.tail)))
+	tail := make([]byte, len(last.tail))
+	if _, err := d.f.ReadAt(tail, tailAt); err != nil && !errors.Is(err, io.EOF) {
+		return nil, "", checkpointUnsure
+	}
+	for off := tailAt; off < tailAt+int64(len(tail)); {
+		end := min((off/pageSize+1)*pageSize, tailAt+int64(len(tail)))
+		if left(off) && !bytes.Equal(tail[off-tailAt:end-tailAt], last.tail[off-tailAt:end-tailAt]) {
+			return nil, fmt.Sprintf("page %d changed, which no checkpoint wrote", off/pageSize+1), checkpointChecked
+		}
+		off = end
+	}
+	for n, digest := range last.written {
+		if newest[n] != 0 {
+			continue
+		}
+		if d.pageDigest(n, pageSize) != digest {
+			return nil, fmt.Sprintf("page %d changed, which no checkpoint wrote", n), checkpointChecked
+		}
+		if len(written) < maxWrittenPages {
+			written[n] = digest
+		}
+	}
+	return written, "", checkpointChecked
+}
+
+// shmBlockOf is the index block of the -shm that holds frame i (from 1).
+func shmBlockOf(i uint32) int {
+	if i <= shmFramesInFirst {
+		return 0
+	}
+	return int((i-shmFramesInFirst-1)/shmFramesInBlock) + 1
+}
+
+// shmFramePage is the page number SQLite's index holds for frame i.
+func shmFramePage(index []byte, i uint32) uint32 {
+	block := shmBlockOf(i)
+	at := block * shmBlock
+	if block == 0 {
+		at += shmHeaderSize + int(i-1)*4
+	} else {
+		at += int(i-shmFramesInFirst-1-uint32(block-1)*shmFramesInBlock) * 4
+	}
+	return binary.NativeEndian.Uint32(index[at : at+4])
 }
 
 // checkpointedPages digests, as the file holds them now, the pages that

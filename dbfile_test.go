@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -259,4 +261,99 @@ func TestSQLiteWritesAreNotTampering(t *testing.T) {
 		t.Errorf("/healthz after the shell: %d %s", r.status, r.body)
 	}
 	t.Logf("%d creates, all 201, beside 80 inserts and 320 checkpoints of a sqlite3 shell", answers[201])
+}
+
+// TestOverwriteNextToACheckpoint overwrites the file with a copy from
+// before a checkpoint in the moment after that checkpoint and before the
+// service's next look at the file: the service's own checkpoints run
+// inside a commit, which is where CI once found the overwrite unseen. It
+// is told by the pages the checkpoint copied. Checkpoints that a reader
+// holds back (Litestream keeps one), and ones that copy nothing, are not
+// taken for an overwrite.
+func TestOverwriteNextToACheckpoint(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		reader    bool // a reader holds an older snapshot during the checkpoint
+		overwrite bool
+		want      string // in the error; "" for none
+	}{
+		{"a checkpoint", false, false, ""},
+		{"a checkpoint a reader holds back", true, false, ""},
+		{"overwritten after a checkpoint", false, true, "is not the one a checkpoint copied from the -wal"},
+		{"overwritten after a checkpoint a reader held back", true, true, "overwritten in place"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "pets.db")
+			db, err := sql.Open("sqlite3", path+"?_journal_mode=WAL")
+			must(t, err)
+			defer db.Close()
+			db.SetMaxOpenConns(2)
+			// The service looks at the file before and after each commit.
+			var d *dbFile
+			insert := func(n int) {
+				t.Helper()
+				for range n {
+					_, err := db.Exec("INSERT INTO t (v) VALUES (randomblob(3000))")
+					must(t, err)
+					if d != nil {
+						if err := d.checkOverwritten(); err != nil {
+							t.Fatalf("after a commit: %v", err)
+						}
+					}
+				}
+			}
+			_, err = db.Exec("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+			must(t, err)
+			insert(50)
+			_, err = db.Exec("PRAGMA wal_checkpoint(PASSIVE)")
+			must(t, err)
+			d, err = openDBFile(path)
+			must(t, err)
+			defer d.close()
+			d.noteWAL()
+			if err := d.checkOverwritten(); err != nil {
+				t.Fatalf("first look: %v", err)
+			}
+			older, err := os.ReadFile(path)
+			must(t, err)
+			insert(50)
+			if tt.reader {
+				// A read transaction on another connection pins the WAL as
+				// it is; the checkpoint cannot copy what comes after it.
+				conn, err := db.Conn(context.Background())
+				must(t, err)
+				defer conn.Close()
+				_, err = conn.ExecContext(context.Background(), "BEGIN")
+				must(t, err)
+				var n int
+				must(t, conn.QueryRowContext(context.Background(), "SELECT count(*) FROM t").Scan(&n))
+				defer conn.ExecContext(context.Background(), "ROLLBACK")
+				insert(50)
+			}
+			var busy, frames, copied int
+			must(t, db.QueryRow("PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied))
+			if copied == 0 {
+				t.Fatal("the checkpoint copied nothing")
+			}
+			if tt.reader && copied == frames {
+				t.Fatalf("the reader held nothing back: %d of %d frames copied", copied, frames)
+			}
+			if tt.overwrite {
+				must(t, os.WriteFile(path, older, 0o600))
+			}
+			err = d.checkOverwritten()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("taken for an overwrite: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("got %v, want an error with %q", err, tt.want)
+			}
+			if tt.want == "" {
+				// And the next look, with nothing written, finds nothing.
+				if err := d.checkOverwritten(); err != nil {
+					t.Errorf("second look: %v", err)
+				}
+			}
+		})
+	}
 }
