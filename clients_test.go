@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -153,7 +156,7 @@ func TestGeneratedGoClient(t *testing.T) {
 	onlineCommand(t, "the Go module proxy", dir, env, goBin, "mod", "tidy")
 	command(t, dir, env, goBin, "vet", ".")
 	out, _ := command(t, dir, env, goBin, "run", ".")
-	checkClientRun(t, out, `"openapi":["3.1.0","3.1.0"]`)
+	checkClientRun(t, out, `"openapi":["openapi: 3.1.0","3.1.0","application/yaml"]`)
 }
 
 // TestBrowserBackOffice loads the back-office page in testdata/browser in
@@ -283,4 +286,247 @@ func loadInBrowser(t *testing.T, chromium, url string, result <-chan []byte) []b
 		t.Fatalf("the page did not report within %s; chromium said:\n%s", patience, out.String())
 	}
 	return nil
+}
+
+// TestOpenAPITools runs widely used OpenAPI tools, pinned in
+// testdata/tools and testdata/kinproxy, on the document the running
+// service serves. Two more TypeScript generators, orval (fetch client)
+// and @hey-api/openapi-ts, each get a program type-checked with tsc
+// --strict and run against the server, with the base URL given at run
+// time as README says. Then every kind of answer the service gives goes
+// through two validating proxies, Prism's (--errors) and one built on
+// kin-openapi's openapi3filter, and none may differ from the document.
+func TestOpenAPITools(t *testing.T) {
+	node := needTool(t, "node", "apt-get install nodejs")
+	npm := needTool(t, "npm", "apt-get install npm")
+	goBin := needTool(t, "go", "https://go.dev/doc/install")
+	dir := t.TempDir()
+	for _, name := range []string{"package.json", "tsconfig.json", "orval.config.cjs", "orval.ts", "hey.ts"} {
+		b, err := os.ReadFile(filepath.Join("testdata", "tools", name))
+		must(t, err)
+		must(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
+	}
+	servedDocument(t, dir)
+	onlineCommand(t, "the npm registry", dir, nil, npm, "install", "--no-audit", "--no-fund", "--loglevel=error")
+
+	t.Run("generated clients", func(t *testing.T) {
+		command(t, dir, nil, node, "node_modules/orval/dist/bin/orval.mjs", "--config", "orval.config.cjs")
+		command(t, dir, nil, node, "node_modules/@hey-api/openapi-ts/bin/run.js", "-i", "openapi.json", "-o", "gen-hey")
+		if out, errOut := command(t, dir, nil, node, "node_modules/typescript/bin/tsc", "-p", "tsconfig.json"); len(out)+len(errOut) > 0 {
+			t.Errorf("tsc --strict: %s%s", out, errOut)
+		}
+		// Each program on a new catalogue: it creates Rex, lists, gets him,
+		// and gets a 400 typed as the Error body.
+		const rex = `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`
+		const common = `"created":[201,` + rex + `],"listed":[200,[` + rex + `]],"got":[200,` + rex + `],` +
+			`"badRequest":[400,{"code":"invalid_body","message":"name must not be empty or only whitespace","status":400}],"openapi":"3.1.0"`
+		for _, tc := range []struct{ program, want string }{
+			{"out/orval.js", `{` + common + `}`},
+			{"out/hey.js", `{` + common + `,"openapiYaml":"openapi: 3.1.0"}`},
+		} {
+			base := servedDocument(t, t.TempDir())
+			out, _ := command(t, dir, []string{"PETSTORE_URL=" + base, "PETSTORE_KEY=" + testKey}, node, tc.program)
+			if diff := cmp.Diff(decodeJSON(t, []byte(tc.want)), decodeJSON(t, out)); diff != "" {
+				t.Errorf("%s printed (-want +got):\n%s", tc.program, diff)
+			}
+		}
+	})
+
+	base := servedDocument(t, t.TempDir())
+	kin := startKinProxy(t, goBin, filepath.Join(dir, "openapi.json"), base)
+	prism := startPrism(t, node, dir, base)
+	// Prism mocks an operation whose upstream answers 501 instead of
+	// passing the answer on, and answers requests it finds invalid itself
+	// (422, and 401 without a key): those are sent to kin-openapi only.
+	for _, a := range realAnswers() {
+		direct := sendAnswer(t, base, a)
+		if direct.status != a.status {
+			t.Fatalf("%s: the service answered %d, want %d: %s", a.name, direct.status, a.status, direct.body)
+		}
+		viaKin := sendAnswer(t, kin.url, a)
+		if viaKin.status != a.status {
+			t.Errorf("%s through kin-openapi: %d, want %d", a.name, viaKin.status, a.status)
+		}
+		if !a.prism {
+			continue
+		}
+		viaPrism := sendAnswer(t, prism, a)
+		if viaPrism.status != a.status || strings.Contains(viaPrism.body, "stoplight.io/prism/errors") || viaPrism.violations != "" {
+			t.Errorf("%s through Prism: %d %s (sl-violations: %q), want the service's %d", a.name, viaPrism.status, viaPrism.body, viaPrism.violations, a.status)
+		}
+	}
+	// Last, 429: the address failed authentication too often, and any
+	// request from it that needs a key is refused for a minute.
+	wrongKey := answer{"wrong key", "GET", "/v1/pets", map[string]string{"Authorization": "Bearer not-a-key-of-this-service"}, "", 401, false}
+	for i := 0; sendAnswer(t, base, wrongKey).status != http.StatusTooManyRequests; i++ {
+		if i > 100 {
+			t.Fatal("100 wrong keys from one address were never refused with 429")
+		}
+	}
+	refused := answer{"too many failed authentications", "GET", "/v1/pets", map[string]string{"Authorization": "Bearer " + testKey}, "", 429, true}
+	if got := sendAnswer(t, kin.url, refused); got.status != 429 {
+		t.Errorf("%s through kin-openapi: %d, want 429", refused.name, got.status)
+	}
+	if got := sendAnswer(t, prism, refused); got.status != 429 || strings.Contains(got.body, "stoplight.io/prism/errors") || got.violations != "" {
+		t.Errorf("%s through Prism: %d %s (sl-violations: %q), want the service's 429", refused.name, got.status, got.body, got.violations)
+	}
+	lines := kin.waitForLines(t, len(realAnswers())+1)
+	for _, line := range lines {
+		if !strings.HasPrefix(line, "ok ") {
+			t.Errorf("kin-openapi: %s", line)
+		}
+	}
+}
+
+// answer is a request that makes the service give one kind of answer.
+type answer struct {
+	name         string
+	method, path string
+	header       map[string]string
+	body         string
+	status       int
+	prism        bool // Prism passes it on (see TestOpenAPITools)
+}
+
+// realAnswers is one request for each kind of answer the document
+// describes that a healthy service gives, in an order that makes each.
+func realAnswers() []answer {
+	key := map[string]string{"Authorization": "Bearer " + testKey}
+	with := func(extra map[string]string) map[string]string {
+		h := maps.Clone(key)
+		maps.Copy(h, extra)
+		return h
+	}
+	json := map[string]string{"Content-Type": "application/json"}
+	tooLong := `{"name":"` + strings.Repeat("x", 20<<10) + `","categoryId":1}`
+	return []answer{
+		{"index", "GET", "/", nil, "", 200, true},
+		{"health", "GET", "/healthz", nil, "", 200, true},
+		{"document as YAML", "GET", "/openapi.yaml", nil, "", 200, true},
+		{"document as JSON", "GET", "/openapi.json", nil, "", 200, true},
+		{"create", "POST", "/v1/pets", with(json), `{"name":"Rex","categoryId":1}`, 201, true},
+		{"create with a status", "POST", "/v1/pets", with(json), `{"name":"Nala","categoryId":2,"status":"sold"}`, 201, true},
+		{"create with an Idempotency-Key", "POST", "/v1/pets", with(map[string]string{"Content-Type": "application/json", "Idempotency-Key": "order-1"}), `{"name":"Milo","categoryId":1}`, 201, true},
+		{"create replayed", "POST", "/v1/pets", with(map[string]string{"Content-Type": "application/json", "Idempotency-Key": "order-1"}), `{"name":"Milo","categoryId":1}`, 201, true},
+		{"Idempotency-Key reused", "POST", "/v1/pets", with(map[string]string{"Content-Type": "application/json", "Idempotency-Key": "order-1"}), `{"name":"Otto","categoryId":1}`, 422, true},
+		{"create, bad body", "POST", "/v1/pets", with(json), `{"name":"","categoryId":1}`, 400, false},
+		{"create, body too large", "POST", "/v1/pets", with(json), tooLong, 413, false},
+		{"create, not JSON", "POST", "/v1/pets", with(map[string]string{"Content-Type": "text/plain"}), `Rex`, 415, false},
+		{"create without a key", "POST", "/v1/pets", json, `{"name":"Rex","categoryId":1}`, 401, false},
+		{"list", "GET", "/v1/pets", key, "", 200, true},
+		{"list, a page with a next link", "GET", "/v1/pets?limit=1&status=available", key, "", 200, true},
+		{"list, unknown parameter", "GET", "/v1/pets?colour=red", key, "", 400, true},
+		{"list, limit too large", "GET", "/v1/pets?limit=1000", key, "", 400, false},
+		{"list without a key", "GET", "/v1/pets", nil, "", 401, false},
+		{"list, wrong key", "GET", "/v1/pets", map[string]string{"Authorization": "Bearer not-a-key-of-this-service"}, "", 401, true},
+		{"get", "GET", "/v1/pets/1", key, "", 200, true},
+		{"get, no such pet", "GET", "/v1/pets/99", key, "", 404, true},
+		{"get, bad id", "GET", "/v1/pets/abc", key, "", 400, false},
+		{"get without a key", "GET", "/v1/pets/1", nil, "", 401, false},
+		{"orders", "GET", "/v1/store/orders", key, "", 501, false},
+	}
+}
+
+// answered is what came back for an answer.
+type answered struct {
+	status     int
+	body       string
+	violations string // Prism's sl-violations header
+}
+
+func sendAnswer(t *testing.T, base string, a answer) answered {
+	t.Helper()
+	req, err := http.NewRequest(a.method, base+a.path, strings.NewReader(a.body))
+	must(t, err)
+	for k, v := range a.header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	must(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return answered{resp.StatusCode, string(body), resp.Header.Get("sl-violations")}
+}
+
+// kinProxy is the kin-openapi validating proxy (testdata/kinproxy) as a
+// process: its address, and the lines it prints, one per exchange.
+type kinProxy struct {
+	url   string
+	lines *syncBuffer
+}
+
+// startKinProxy builds the proxy in a module of its own (kin-openapi is
+// a tool here, not a module of the project) and starts it in front of
+// upstream.
+func startKinProxy(t *testing.T, goBin, document, upstream string) kinProxy {
+	t.Helper()
+	dir := t.TempDir()
+	src, err := os.ReadFile(filepath.Join("testdata", "kinproxy", "main.go.txt"))
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(dir, "main.go"), src, 0o644))
+	env := []string{"GOFLAGS="}
+	command(t, dir, env, goBin, "mod", "init", "kinproxy")
+	onlineCommand(t, "the Go module proxy", dir, env, goBin, "get", "github.com/getkin/kin-openapi@"+kinOpenAPIVersion)
+	onlineCommand(t, "the Go module proxy", dir, env, goBin, "mod", "tidy")
+	command(t, dir, env, goBin, "build", "-o", "kinproxy", ".")
+	p := kinProxy{lines: &syncBuffer{}}
+	p.url = startProcess(t, p.lines, regexp.MustCompile(`listening on (http://\S+)`), filepath.Join(dir, "kinproxy"), document, upstream)
+	return p
+}
+
+// kinOpenAPIVersion is kin-openapi, pinned.
+const kinOpenAPIVersion = "v0.152.0"
+
+// waitForLines waits for n exchange lines after the listening line.
+func (p kinProxy) waitForLines(t *testing.T, n int) []string {
+	t.Helper()
+	var lines []string
+	waitFor(t, patience, fmt.Sprintf("kin-openapi's %d lines", n), func() bool {
+		lines = strings.Split(strings.TrimSpace(p.lines.String()), "\n")[1:]
+		return len(lines) >= n
+	})
+	return lines
+}
+
+// startPrism starts Prism's validating proxy in front of upstream, on
+// the document saved in dir, and returns its address. With --errors a
+// response that differs from the document becomes Prism's own 500.
+func startPrism(t *testing.T, node, dir, upstream string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	log := &syncBuffer{}
+	startProcess(t, log, regexp.MustCompile(`Prism is listening on (http://\S+)`), node,
+		filepath.Join(dir, "node_modules/@stoplight/prism-cli/dist/index.js"), "proxy", filepath.Join(dir, "openapi.json"), upstream, "--errors", "-h", "127.0.0.1", "-p", port)
+	return "http://127.0.0.1:" + port
+}
+
+// startProcess starts a long-running tool whose output goes to out,
+// waits for the line that says it listens, and returns that line's
+// first group. The tool and its children are killed when the test ends.
+func startProcess(t *testing.T, out *syncBuffer, listening *regexp.Regexp, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	must(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+	})
+	var found []string
+	waitFor(t, patience, filepath.Base(name)+" to listen", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("%s exited: %s", name, out.String())
+		default:
+		}
+		found = listening.FindStringSubmatch(out.String())
+		return found != nil
+	})
+	return found[1]
 }

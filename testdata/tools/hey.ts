@@ -1,0 +1,25 @@
+// A back-office script against the client @hey-api/openapi-ts generates
+// from the running service's /openapi.json (gen-hey/, made by the test).
+// The document's servers entry is "/": the base URL and the key are set
+// once, at run time.
+import { client } from "./gen-hey/client.gen.js";
+import { createPet, listPets, getPet, getOpenApi, getOpenApijson } from "./gen-hey/sdk.gen.js";
+
+client.setConfig({ baseUrl: process.env.PETSTORE_URL ?? "", auth: () => process.env.PETSTORE_KEY ?? "" });
+const out: Record<string, unknown> = {};
+
+const created = await createPet({ body: { name: "Rex", categoryId: 1 } });
+out.created = [created.response?.status, created.data];
+const listed = await listPets({ query: { status: "available", limit: 10 } });
+out.listed = [listed.response?.status, listed.data];
+const got = await getPet({ path: { petId: 1 } });
+out.got = [got.response?.status, got.data];
+const bad = await createPet({ body: { name: "", categoryId: 1 } });
+out.badRequest = [bad.response?.status, bad.error];
+// The YAML form has no schema: it is read as text.
+const yaml = await getOpenApi({ parseAs: "text" });
+out.openapiYaml = String(yaml.data).split("\n")[0];
+const doc = await getOpenApijson();
+out.openapi = doc.data?.openapi;
+
+console.log(JSON.stringify(out));
