@@ -344,7 +344,14 @@ type contentPrint struct {
 	// the file held it after them: an older copy of the file differs in
 	// those, wherever they are.
 	written map[uint32]uint64
-	valid   bool
+	// frames is the -wal's frame count at the last look, also one that
+	// found the file unchanged: when it equals the backfill, every frame
+	// was in the file then. dataVersion is PRAGMA data_version of the
+	// writer's connection when the print was taken: it moves only when
+	// another connection commits.
+	frames      uint32
+	dataVersion int64
+	valid       bool
 }
 
 // maxWrittenPages bounds the pages whose digests a print keeps.
@@ -369,24 +376,25 @@ func (d *dbFile) checkpointLockHeld() bool {
 }
 
 // checkpointState reads the part of the -shm that changes whenever a
-// checkpoint writes the database file.
-func checkpointState(shm *os.File) (state [16]byte, ok bool) {
+// checkpoint writes the database file, and the -wal's frame count.
+func checkpointState(shm *os.File) (state [16]byte, frames uint32, ok bool) {
 	var b [136]byte
-	if _, err := shm.ReadAt(b[:], 0); err != nil {
-		return state, false
+	if _, err := shm.ReadAt(b[:], 0); err != nil || !bytes.Equal(b[:48], b[48:96]) {
+		return state, 0, false // a commit is writing the index header
 	}
 	copy(state[0:8], b[shmSalts:shmSalts+8])
 	copy(state[8:12], b[shmBackfill:shmBackfill+4])
 	copy(state[12:16], b[shmBackfillTried:shmBackfillTried+4])
-	return state, true
+	return state, binary.NativeEndian.Uint32(b[16:20]), true
 }
 
 // checkOverwritten returns a faultTampered storageError once the database
 // file was changed by something other than a checkpoint. Only the writer
-// loop calls it, between commits. The checkpoint record is read before
-// and after the file: when it moved in between, a checkpoint was writing,
-// and the file is looked at again at the next check.
-func (d *dbFile) checkOverwritten() error {
+// loop calls it, between commits; dataVersion reads PRAGMA data_version
+// on the writer's connection. The checkpoint record is read before and
+// after the file: when it moved in between, a checkpoint was writing, and
+// the file is looked at again at the next check.
+func (d *dbFile) checkOverwritten(dataVersion func() (int64, bool)) error {
 	if d.shm == nil {
 		return nil
 	}
@@ -397,7 +405,7 @@ func (d *dbFile) checkOverwritten() error {
 	}
 	var now contentPrint
 	var ok bool
-	if now.ckpt, ok = checkpointState(d.shm); !ok {
+	if now.ckpt, now.frames, ok = checkpointState(d.shm); !ok {
 		return nil
 	}
 	fi, err := d.f.Stat()
@@ -408,12 +416,15 @@ func (d *dbFile) checkOverwritten() error {
 	now.size, now.mtime, now.ctime, now.valid = fi.Size(), fi.ModTime().UnixNano(), st.Ctim.Nano(), true
 	last := &d.print
 	if last.valid && now.ckpt == last.ckpt && now.size == last.size && now.mtime == last.mtime && now.ctime == last.ctime {
+		last.frames = now.frames
 		return nil // nothing wrote the file: the cheap path, every commit
 	}
+	var versionOK bool
+	now.dataVersion, versionOK = dataVersion()
 	if err := d.readPrint(&now); err != nil {
 		return nil // a read error is the I/O checks' business
 	}
-	if after, ok := checkpointState(d.shm); !ok || after != now.ckpt || d.checkpointLockHeld() {
+	if after, _, ok := checkpointState(d.shm); !ok || after != now.ckpt || d.checkpointLockHeld() {
 		return nil
 	}
 	overwritten := func(format string, args ...any) error {
@@ -432,7 +443,16 @@ func (d *dbFile) checkOverwritten() error {
 		if changeCounter(now.head[:]) < changeCounter(last.head[:]) {
 			return overwritten("its change counter went back from %d to %d", changeCounter(last.head[:]), changeCounter(now.head[:]))
 		}
-		written, differs, outcome := d.checkCheckpoint(last, &now)
+		// A -wal that started over since the last look hides what the
+		// checkpoints before the restart copied, unless there was nothing
+		// left to copy then and nobody else has committed since.
+		restarted := !bytes.Equal(last.ckpt[:8], now.ckpt[:8])
+		nothingLeft := last.frames == binary.NativeEndian.Uint32(last.ckpt[8:12]) && versionOK && now.dataVersion == last.dataVersion
+		var written map[uint32]uint64
+		differs, outcome := "", checkpointUnknown
+		if !restarted || nothingLeft {
+			written, differs, outcome = d.checkCheckpoint(last, &now, restarted)
+		}
 		switch outcome {
 		case checkpointUnsure:
 			return nil // looked at again at the next check
@@ -440,7 +460,7 @@ func (d *dbFile) checkOverwritten() error {
 			written = d.checkpointedPages(last.ckpt, now.ckpt) // nil when it cannot tell
 		}
 		// Another process's checkpoint may have written meanwhile.
-		if after, ok := checkpointState(d.shm); !ok || after != now.ckpt || d.checkpointLockHeld() {
+		if after, _, ok := checkpointState(d.shm); !ok || after != now.ckpt || d.checkpointLockHeld() {
 			return nil
 		}
 		if differs != "" {
@@ -494,12 +514,20 @@ const (
 // checkCheckpoint compares the file with what the checkpoints between
 // last and now wrote (see above). It returns digests of the pages they
 // copied and of the pages last knew that they left, and what differs.
-func (d *dbFile) checkCheckpoint(last, now *contentPrint) (written map[uint32]uint64, differs string, outcome checkpointOutcome) {
+func (d *dbFile) checkCheckpoint(last, now *contentPrint, restarted bool) (written map[uint32]uint64, differs string, outcome checkpointOutcome) {
 	from := binary.NativeEndian.Uint32(last.ckpt[8:12])
+	if restarted {
+		from = 0 // every frame of the new -wal is new
+	}
 	to := binary.NativeEndian.Uint32(now.ckpt[8:12])
 	tried := binary.NativeEndian.Uint32(now.ckpt[12:16])
-	if !bytes.Equal(last.ckpt[:8], now.ckpt[:8]) || to < from || tried != to || now.size < last.size {
+	switch {
+	case to < from || tried != to:
 		return nil, "", checkpointUnknown
+	case now.size < last.size && to == from:
+		return nil, fmt.Sprintf("its size went back from %d to %d bytes while no checkpoint ran", last.size, now.size), checkpointChecked
+	case now.size < last.size:
+		return nil, "", checkpointUnknown // a checkpoint may cut the file to a smaller database
 	}
 	var h [96]byte
 	if _, err := d.shm.ReadAt(h[:], 0); err != nil || !bytes.Equal(h[:48], h[48:]) {

@@ -263,60 +263,96 @@ func TestSQLiteWritesAreNotTampering(t *testing.T) {
 	t.Logf("%d creates, all 201, beside 80 inserts and 320 checkpoints of a sqlite3 shell", answers[201])
 }
 
+// noOtherWriter is the data_version of a writer's connection that no
+// other connection commits beside.
+func noOtherWriter() (int64, bool) { return 1, true }
+
 // TestOverwriteNextToACheckpoint overwrites the file with a copy from
-// before a checkpoint in the moment after that checkpoint and before the
-// service's next look at the file: the service's own checkpoints run
-// inside a commit, which is where CI once found the overwrite unseen. It
-// is told by the pages the checkpoint copied. Checkpoints that a reader
-// holds back (Litestream keeps one), and ones that copy nothing, are not
-// taken for an overwrite.
+// before a checkpoint in the moments the service cannot look at it: just
+// after a checkpoint (the service's own run inside a commit, where CI once
+// found the overwrite unseen), and during the next commit, which starts
+// the -wal over. It is told by the pages the checkpoint copied, the pages
+// it left, and the size. Checkpoints that a reader holds back (Litestream
+// keeps one), that reach past the first 4,062 frames of the -shm's index,
+// or that are followed by a restart of the -wal are not taken for one.
 func TestOverwriteNextToACheckpoint(t *testing.T) {
 	for _, tt := range []struct {
-		name      string
-		reader    bool // a reader holds an older snapshot during the checkpoint
-		overwrite bool
-		want      string // in the error; "" for none
+		name    string
+		reader  bool // a reader holds an older snapshot during the checkpoint
+		rows    int  // rows committed at once after the copy is taken, before the reader
+		restart bool // the overwrite lands during the commit that restarts the -wal
+		copy    bool
+		want    string // in the error; "" for none
 	}{
-		{"a checkpoint", false, false, ""},
-		{"a checkpoint a reader holds back", true, false, ""},
-		{"overwritten after a checkpoint", false, true, "is not the one a checkpoint copied from the -wal"},
-		{"overwritten after a checkpoint a reader held back", true, true, "overwritten in place"},
+		{"a checkpoint", false, 50, false, false, ""},
+		{"a checkpoint a reader holds back", true, 50, false, false, ""},
+		{"a checkpoint of more than 4,062 frames", true, 4500, false, false, ""},
+		{"a checkpoint, then the -wal starts over", false, 50, true, false, ""},
+		{"overwritten after a checkpoint", false, 50, false, true, "is not the one a checkpoint copied from the -wal"},
+		{"overwritten after a checkpoint a reader held back", true, 50, false, true, "overwritten in place"},
+		{"overwritten after a checkpoint of more than 4,062 frames", true, 4500, false, true, "overwritten in place"},
+		{"overwritten as the -wal starts over", false, 50, true, true, "overwritten in place"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "pets.db")
-			db, err := sql.Open("sqlite3", path+"?_journal_mode=WAL")
+			db, err := sql.Open("sqlite3", path+"?_journal_mode=WAL&_synchronous=OFF")
 			must(t, err)
 			defer db.Close()
 			db.SetMaxOpenConns(2)
+			// Checkpoints only when the test asks: both connections of the
+			// pool get automatic ones turned off.
+			var conns []*sql.Conn
+			for range 2 {
+				conn, err := db.Conn(context.Background())
+				must(t, err)
+				_, err = conn.ExecContext(context.Background(), "PRAGMA wal_autocheckpoint = 0")
+				must(t, err)
+				conns = append(conns, conn)
+			}
+			for _, conn := range conns {
+				conn.Close()
+			}
 			// The service looks at the file before and after each commit.
 			var d *dbFile
-			insert := func(n int) {
+			look := func() error {
+				if d == nil {
+					return nil
+				}
+				return d.checkOverwritten(noOtherWriter)
+			}
+			insert := func(rows int) {
 				t.Helper()
-				for range n {
-					_, err := db.Exec("INSERT INTO t (v) VALUES (randomblob(3000))")
+				tx, err := db.Begin()
+				must(t, err)
+				for range rows {
+					_, err := tx.Exec("INSERT INTO t (v) VALUES (randomblob(3000))")
 					must(t, err)
-					if d != nil {
-						if err := d.checkOverwritten(); err != nil {
-							t.Fatalf("after a commit: %v", err)
-						}
-					}
+				}
+				must(t, tx.Commit())
+				if err := look(); err != nil {
+					t.Fatalf("after a commit: %v", err)
 				}
 			}
 			_, err = db.Exec("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
 			must(t, err)
-			insert(50)
+			for range 50 {
+				insert(1)
+			}
 			_, err = db.Exec("PRAGMA wal_checkpoint(PASSIVE)")
 			must(t, err)
 			d, err = openDBFile(path)
 			must(t, err)
 			defer d.close()
 			d.noteWAL()
-			if err := d.checkOverwritten(); err != nil {
+			if err := look(); err != nil {
 				t.Fatalf("first look: %v", err)
 			}
 			older, err := os.ReadFile(path)
 			must(t, err)
-			insert(50)
+			for range 50 {
+				insert(1)
+			}
+			insert(tt.rows)
 			if tt.reader {
 				// A read transaction on another connection pins the WAL as
 				// it is; the checkpoint cannot copy what comes after it.
@@ -332,25 +368,46 @@ func TestOverwriteNextToACheckpoint(t *testing.T) {
 			}
 			var busy, frames, copied int
 			must(t, db.QueryRow("PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied))
-			if copied == 0 {
-				t.Fatal("the checkpoint copied nothing")
-			}
-			if tt.reader && copied == frames {
-				t.Fatalf("the reader held nothing back: %d of %d frames copied", copied, frames)
-			}
-			if tt.overwrite {
-				must(t, os.WriteFile(path, older, 0o600))
-			}
-			err = d.checkOverwritten()
 			switch {
-			case tt.want == "" && err != nil:
-				t.Errorf("taken for an overwrite: %v", err)
-			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-				t.Errorf("got %v, want an error with %q", err, tt.want)
+			case copied == 0:
+				t.Fatal("the checkpoint copied nothing")
+			case tt.reader && copied == frames:
+				t.Fatalf("the reader held nothing back: %d of %d frames copied", copied, frames)
+			case !tt.reader && copied != frames:
+				t.Fatalf("%d of %d frames copied, want all", copied, frames)
+			}
+			var err2 error
+			if tt.restart {
+				// The look after the checkpoint's commit, then a commit that
+				// starts the -wal over, with the copy landing during it.
+				if err := look(); err != nil {
+					t.Fatalf("after the checkpoint: %v", err)
+				}
+				before := checkpointRecord(t, path)
+				if tt.copy {
+					must(t, os.WriteFile(path, older, 0o600))
+				}
+				_, err := db.Exec("INSERT INTO t (v) VALUES (randomblob(3000))")
+				must(t, err)
+				if after := checkpointRecord(t, path); before == after {
+					t.Fatal("the -wal did not start over")
+				}
+				err2 = look()
+			} else {
+				if tt.copy {
+					must(t, os.WriteFile(path, older, 0o600))
+				}
+				err2 = look()
+			}
+			switch {
+			case tt.want == "" && err2 != nil:
+				t.Errorf("taken for an overwrite: %v", err2)
+			case tt.want != "" && (err2 == nil || !strings.Contains(err2.Error(), tt.want)):
+				t.Errorf("got %v, want an error with %q", err2, tt.want)
 			}
 			if tt.want == "" {
 				// And the next look, with nothing written, finds nothing.
-				if err := d.checkOverwritten(); err != nil {
+				if err := look(); err != nil {
 					t.Errorf("second look: %v", err)
 				}
 			}

@@ -849,10 +849,13 @@ func checkpointRecord(t *testing.T, db string) [16]byte {
 	f, err := os.Open(db + "-shm")
 	must(t, err)
 	defer f.Close()
-	state, ok := checkpointState(f)
-	if !ok {
-		t.Fatal("the -shm cannot be read")
-	}
+	var state [16]byte
+	// Unreadable while a commit writes SQLite's index header.
+	waitFor(t, patience, "a readable -shm", func() bool {
+		var ok bool
+		state, _, ok = checkpointState(f)
+		return ok
+	})
 	return state
 }
 

@@ -350,7 +350,7 @@ func (s *petStore) checkFile(w *batchWriter) error {
 			err, lost = s.file.checkWAL()
 		}
 		if err == nil {
-			err = s.file.checkOverwritten()
+			err = s.file.checkOverwritten(w.currentDataVersion)
 			lost = err != nil
 		}
 		if lost {
@@ -491,8 +491,8 @@ func (w *batchWriter) setBusyTimeout(d time.Duration) {
 // connection changes only for commits made by others: an operator's
 // sqlite3 shell, a restore, another process.
 func (w *batchWriter) externalWrite() bool {
-	var v int64
-	if err := w.conn.QueryRowContext(context.Background(), "PRAGMA data_version").Scan(&v); err != nil {
+	v, ok := w.currentDataVersion()
+	if !ok {
 		return false
 	}
 	// The first ask, on a new connection, counts as a change: the file may
@@ -500,6 +500,13 @@ func (w *batchWriter) externalWrite() bool {
 	changed := v != w.dataVersion
 	w.dataVersion = v
 	return changed
+}
+
+// currentDataVersion reads PRAGMA data_version on the writer's connection.
+func (w *batchWriter) currentDataVersion() (int64, bool) {
+	var v int64
+	err := w.conn.QueryRowContext(context.Background(), "PRAGMA data_version").Scan(&v)
+	return v, err == nil
 }
 
 // reopen replaces the writer connection with a new one, and discards
