@@ -315,11 +315,14 @@ func TestOpenAPITools(t *testing.T) {
 		if out, errOut := command(t, dir, nil, node, "node_modules/typescript/bin/tsc", "-p", "tsconfig.json"); len(out)+len(errOut) > 0 {
 			t.Errorf("tsc --strict: %s%s", out, errOut)
 		}
-		// Each program on a new catalogue: it creates Rex, lists, gets him,
-		// and gets a 400 typed as the Error body.
+		// Each program on a new catalogue runs every operation: it creates
+		// Rex, lists, gets him, gets a 400 and the 501 typed as the Error
+		// body, the health, the index and the document.
 		const rex = `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`
 		const common = `"created":[201,` + rex + `],"listed":[200,[` + rex + `]],"got":[200,` + rex + `],` +
-			`"badRequest":[400,{"code":"invalid_body","message":"name must not be empty or only whitespace","status":400}],"openapi":"3.1.0"`
+			`"badRequest":[400,{"code":"invalid_body","message":"name must not be empty or only whitespace","status":400}],"openapi":"3.1.0",` +
+			`"orders":[501,{"code":"not_implemented","message":"GET /v1/store/orders is named by the specification but not specified, so it is not implemented","status":501}],` +
+			`"health":[200,{"status":"ok"}],"index":200`
 		for _, tc := range []struct{ program, want string }{
 			{"out/orval.js", `{` + common + `}`},
 			{"out/hey.js", `{` + common + `,"openapiYaml":"openapi: 3.1.0"}`},
@@ -422,6 +425,7 @@ func realAnswers() []answer {
 		{"get", "GET", "/v1/pets/1", key, "", 200, true},
 		{"get, no such pet", "GET", "/v1/pets/99", key, "", 404, true},
 		{"get, bad id", "GET", "/v1/pets/abc", key, "", 400, false},
+		{"get with a query parameter", "GET", "/v1/pets/1?status=sold", key, "", 400, true},
 		{"get without a key", "GET", "/v1/pets/1", nil, "", 401, false},
 		{"orders", "GET", "/v1/store/orders", key, "", 501, false},
 	}

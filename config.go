@@ -154,8 +154,8 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	if name, ok := strings.CutPrefix(fmt.Sprint(err), "flag provided but not defined: -"); ok {
 		var names []string
 		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
-		hint := ""
-		if meant := meantFlag(name, names); meant != "" {
+		hint := flagHints[strings.ToLower(strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-"))]
+		if meant := meantFlag(name, names); hint == "" && meant != "" {
 			hint = "; did you mean -" + meant + "?"
 		}
 		return c, fmt.Errorf("unknown flag -%s%s (petstore -h lists them)", name, hint)
@@ -185,6 +185,13 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 			hint = fmt.Sprintf("use :%s or 127.0.0.1:%s", c.addr, c.addr)
 		}
 		return c, fmt.Errorf("-addr (PETSTORE_ADDR) must be host:port, got %q: %s", c.addr, hint)
+	}
+	// A port is a number up to 65535 or a service name (http); net.Listen
+	// would refuse anything else, but only after other start-up lines.
+	if _, port, _ := net.SplitHostPort(c.addr); port != "" {
+		if n, err := strconv.Atoi(port); err == nil && (n < 0 || n > 65535) {
+			return c, fmt.Errorf("-addr (PETSTORE_ADDR) has port %s, beyond 65535", port)
+		}
 	}
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return c, errors.New("-tls-cert and -tls-key go together: give both or neither")
@@ -275,10 +282,21 @@ func parseRateLimit(rate, burst string) (rateLimit, error) {
 var flagAliases = map[string]string{
 	"port": "addr", "listen": "addr", "host": "addr", "bind": "addr", "address": "addr",
 	"database": "db", "db-path": "db", "db-file": "db", "dbfile": "db", "file": "db",
-	"keys": "api-keys-file", "key": "api-keys-file", "api-key": "api-keys-file", "api-keys": "api-keys-file",
-	"cert": "tls-cert", "key-file": "tls-key", "tls": "tls-cert",
+	"keys-file": "api-keys-file", "key-file": "tls-key", "tls-key-file": "tls-key",
+	"cert": "tls-cert", "tls": "tls-cert", "certificate": "tls-cert", "tls-certificate": "tls-cert", "cert-file": "tls-cert",
 	"cors": "cors-origins", "origins": "cors-origins", "verbose": "log-level", "debug": "log-level",
+	"rate": "rate-limit", "limit": "rate-limit", "burst": "rate-burst",
+	"max-connections": "max-conns", "connections": "max-conns", "conns": "max-conns",
+	"v": "version",
 }
+
+// flagHints answer flags people reach for that have no one flag to name.
+var flagHints = map[string]string{
+	"key": keysHint, "keys": keysHint, "api-key": keysHint, "api-keys": keysHint,
+	"timeout": "; the timeouts are -read-header-timeout, -read-timeout, -write-timeout and -idle-timeout",
+}
+
+const keysHint = "; API keys go in the environment variable PETSTORE_API_KEYS (comma-separated), or in a file named by -api-keys-file"
 
 // meantFlag is the flag of flags an unknown name most likely meant: an
 // alias, or the name fewest edits away (at most a third of its length);

@@ -87,7 +87,8 @@ func TestCommandLines(t *testing.T) {
 func TestUnknownVariables(t *testing.T) {
 	logs := &syncBuffer{}
 	cmd := exec.Command(petstoreBinary(t), "-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "pets.db"))
-	cmd.Env = binaryEnv("PETSTORE_API_KEYS="+testKey, "PETSTORE_PORT=8080", "PETSTORE_API_KEY=x", "PETSTORE_DB_FILE=pets.db", "PETSTORE_COLOUR=red")
+	cmd.Env = binaryEnv("PETSTORE_API_KEYS="+testKey, "PETSTORE_PORT=8080", "PETSTORE_API_KEY=x", "PETSTORE_DB_FILE=pets.db", "PETSTORE_COLOUR=red",
+		"PETSTORE_TLS_CERTIFICATE=cert.pem", "PETSTORE_RATE=5/s")
 	cmd.Stderr = logs
 	must(t, cmd.Start())
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
@@ -97,12 +98,14 @@ func TestUnknownVariables(t *testing.T) {
 		`level=WARN msg="environment variable not read by petstore: it has no effect" name=PETSTORE_COLOUR`,
 		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_DB\?" name=PETSTORE_DB_FILE`,
 		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_ADDR\?" name=PETSTORE_PORT`,
+		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_RATE_LIMIT\?" name=PETSTORE_RATE`,
+		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_TLS_CERT\?" name=PETSTORE_TLS_CERTIFICATE`,
 	} {
 		if n := countLines(logs, want); n != 1 {
 			t.Errorf("%d lines %s, want 1:\n%s", n, want, logs)
 		}
 	}
-	if n := countLines(logs, "not read by petstore"); n != 4 {
-		t.Errorf("%d warnings, want 4 (PETSTORE_API_KEYS is read):\n%s", n, logs)
+	if n := countLines(logs, "not read by petstore"); n != 6 {
+		t.Errorf("%d warnings, want 6 (PETSTORE_API_KEYS is read):\n%s", n, logs)
 	}
 }

@@ -3,7 +3,7 @@
 // The document's servers entry is "/": the base URL and the key are set
 // once, at run time.
 import { client } from "./gen-hey/client.gen.js";
-import { createPet, listPets, getPet, getOpenApi, getOpenApijson } from "./gen-hey/sdk.gen.js";
+import { createPet, listPets, getPet, listOrders, getHealth, getIndex, getOpenApi, getOpenApijson } from "./gen-hey/sdk.gen.js";
 
 client.setConfig({ baseUrl: process.env.PETSTORE_URL ?? "", auth: () => process.env.PETSTORE_KEY ?? "" });
 const out: Record<string, unknown> = {};
@@ -16,6 +16,11 @@ const got = await getPet({ path: { petId: 1 } });
 out.got = [got.response?.status, got.data];
 const bad = await createPet({ body: { name: "", categoryId: 1 } });
 out.badRequest = [bad.response?.status, bad.error];
+const orders = await listOrders();
+out.orders = [orders.response?.status, orders.error];
+const health = await getHealth();
+out.health = [health.response?.status, health.data];
+out.index = (await getIndex()).response?.status;
 // The YAML form has no schema: it is read as text.
 const yaml = await getOpenApi({ parseAs: "text" });
 out.openapiYaml = String(yaml.data).split("\n")[0];
