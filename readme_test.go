@@ -193,8 +193,8 @@ func checkSameJSON(t *testing.T, where, want, got string) {
 	}
 }
 
-// TestREADMEConfigurationTable: every flag of the service, and the
-// variable it defaults from, has its row in the README's table.
+// TestREADMEConfigurationTable: every flag of the service, the variable
+// it defaults from and its default have their row in the README's table.
 func TestREADMEConfigurationTable(t *testing.T) {
 	var usage bytes.Buffer
 	if err := run(context.Background(), []string{"petstore", "-h"}, func(string) string { return "" }, &usage, io.Discard); err != nil {
@@ -220,6 +220,12 @@ func TestREADMEConfigurationTable(t *testing.T) {
 		entry := regexp.MustCompile(`(?ms)^  -` + name + `\b.*?(\n  -|\z)`).FindString(usage.String())
 		if m := regexp.MustCompile(`\(env (PETSTORE_[A-Z_]+)\)`).FindStringSubmatch(entry); m != nil && !strings.Contains(rows[i], "`"+m[1]+"`") {
 			t.Errorf("README's row for -%s does not name %s: %s", name, m[1], rows[i])
+		}
+		// And its default, where the usage gives one as a value.
+		if m := regexp.MustCompile(`\(default "?([^")]*)"?\)`).FindStringSubmatch(entry); m != nil {
+			if cells := strings.Split(rows[i], "|"); len(cells) < 4 || strings.TrimSpace(cells[3]) != "`"+m[1]+"`" && !strings.Contains(cells[3], m[1]) {
+				t.Errorf("README's row for -%s does not give its default %s: %s", name, m[1], rows[i])
+			}
 		}
 	}
 	if len(rows) != len(flags) {
