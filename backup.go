@@ -29,9 +29,9 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 	fs := newFlagSet("petstore backup")
 	var db, dir string
 	var keep int
-	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database file to back up")
-	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this directory instead of BACKUP-FILE")
-	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep, the newest; older ones this command wrote are deleted")
+	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to back up")
+	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this `directory` instead of BACKUP-FILE")
+	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep (a `count`), the newest; older ones this command wrote are deleted")
 	files, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -40,7 +40,7 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 			fs.PrintDefaults()
 			return nil
 		}
-		return fmt.Errorf("backup: %w", err)
+		return fmt.Errorf("backup: %w", explainFlagError(fs, "petstore backup", nil, err))
 	}
 	if dir == "" {
 		if len(files) != 1 {
@@ -235,8 +235,8 @@ func runRestore(ctx context.Context, args []string, getenv func(string) string, 
 	const usage = "petstore restore -from BACKUP [-db FILE]"
 	fs := newFlagSet("petstore restore")
 	var db, from string
-	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database file to replace")
-	fs.StringVar(&from, "from", "", "the backup to put back, as petstore backup wrote it")
+	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to replace")
+	fs.StringVar(&from, "from", "", "the backup `file` to put back, as petstore backup wrote it")
 	rest, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -245,7 +245,7 @@ func runRestore(ctx context.Context, args []string, getenv func(string) string, 
 			fs.PrintDefaults()
 			return nil
 		}
-		return fmt.Errorf("restore: %w", err)
+		return fmt.Errorf("restore: %w", explainFlagError(fs, "petstore restore", nil, err))
 	}
 	if from == "" || len(rest) != 0 {
 		return errors.New("restore: name the backup with -from, and nothing else: " + usage)

@@ -151,14 +151,8 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	if err != nil && f.err != nil {
 		return c, f.err // a flag or variable refused, with its message
 	}
-	if name, ok := strings.CutPrefix(fmt.Sprint(err), "flag provided but not defined: -"); ok {
-		var names []string
-		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
-		hint := flagHints[strings.ToLower(strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-"))]
-		if meant := meantFlag(name, names); hint == "" && meant != "" {
-			hint = "; did you mean -" + meant + "?"
-		}
-		return c, fmt.Errorf("unknown flag -%s%s (petstore -h lists them)", name, hint)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		return c, explainFlagError(fs, "petstore", flagHints, err)
 	}
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -298,15 +292,32 @@ var flagHints = map[string]string{
 
 const keysHint = "; API keys go in the environment variable PETSTORE_API_KEYS (comma-separated), or in a file named by -api-keys-file"
 
+// explainFlagError turns the flag package's "flag provided but not
+// defined" into a message that names the flag meant, or gives a hint, and
+// points to command's -h; other errors are returned as they are.
+func explainFlagError(fs *flag.FlagSet, command string, hints map[string]string, err error) error {
+	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
+	if !ok {
+		return err
+	}
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	hint := hints[strings.ToLower(strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-"))]
+	if meant := meantFlag(name, names); hint == "" && meant != "" {
+		hint = "; did you mean -" + meant + "?"
+	}
+	return fmt.Errorf("unknown flag -%s%s (%s -h lists them)", name, hint, command)
+}
+
 // meantFlag is the flag of flags an unknown name most likely meant: an
-// alias, or the name fewest edits away (at most a third of its length);
-// "" when none is near.
+// alias, or the name fewest edits away (a swap of two letters is one; at
+// most a third of its length, or 1); "" when none is near.
 func meantFlag(name string, flags []string) string {
 	name = strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-")
-	if alias, ok := flagAliases[strings.ToLower(name)]; ok {
+	if alias, ok := flagAliases[strings.ToLower(name)]; ok && slices.Contains(flags, alias) {
 		return alias
 	}
-	best, bestDistance := "", len(name)/3+1
+	best, bestDistance := "", max(2, len(name)/3+1)
 	for _, f := range flags {
 		if d := editDistance(name, f); d < bestDistance {
 			best, bestDistance = f, d
@@ -317,7 +328,8 @@ func meantFlag(name string, flags []string) string {
 
 // editDistance is the Levenshtein distance between a and b.
 func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
+	// Rows i-2, i-1 and i of the table; two letters swapped are one edit.
+	older, prev := make([]int, len(b)+1), make([]int, len(b)+1)
 	for j := range prev {
 		prev[j] = j
 	}
@@ -330,8 +342,11 @@ func editDistance(a, b string) int {
 				cost = 0
 			}
 			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], older[j-2]+1)
+			}
 		}
-		prev = cur
+		older, prev = prev, cur
 	}
 	return prev[len(b)]
 }
