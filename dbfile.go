@@ -46,7 +46,11 @@ type dbFile struct {
 	wal   *os.File
 	shm   *os.File
 	// print is checkOverwritten's; only the writer loop calls it.
-	print contentPrint
+	// skipped: a look since the print could not tell what happened (another
+	// process's checkpoint was running), so frames may have been copied
+	// that no look saw.
+	print   contentPrint
+	skipped bool
 	// markedForCheck: the -check mark is on disk (see markForCheck).
 	markedForCheck atomic.Bool
 }
@@ -401,11 +405,13 @@ func (d *dbFile) checkOverwritten(dataVersion func() (int64, bool)) error {
 	// While another process's checkpoint may be writing the file, it is
 	// looked at again once that one has let go.
 	if d.checkpointLockHeld() {
+		d.skipped = true
 		return nil
 	}
 	var now contentPrint
 	var ok bool
 	if now.ckpt, now.frames, ok = checkpointState(d.shm); !ok {
+		d.skipped = true
 		return nil
 	}
 	fi, err := d.f.Stat()
@@ -425,6 +431,7 @@ func (d *dbFile) checkOverwritten(dataVersion func() (int64, bool)) error {
 		return nil // a read error is the I/O checks' business
 	}
 	if after, _, ok := checkpointState(d.shm); !ok || after != now.ckpt || d.checkpointLockHeld() {
+		d.skipped = true
 		return nil
 	}
 	overwritten := func(format string, args ...any) error {
@@ -445,9 +452,13 @@ func (d *dbFile) checkOverwritten(dataVersion func() (int64, bool)) error {
 		}
 		// A -wal that started over since the last look hides what the
 		// checkpoints before the restart copied, unless there was nothing
-		// left to copy then and nobody else has committed since.
+		// left to copy then: every frame was in the file, no look since
+		// was skipped, nobody else has committed, and it started over once
+		// (SQLite adds 1 to the first salt at each restart).
 		restarted := !bytes.Equal(last.ckpt[:8], now.ckpt[:8])
-		nothingLeft := last.frames == binary.NativeEndian.Uint32(last.ckpt[8:12]) && versionOK && now.dataVersion == last.dataVersion
+		nothingLeft := last.frames == binary.NativeEndian.Uint32(last.ckpt[8:12]) && !d.skipped &&
+			versionOK && now.dataVersion == last.dataVersion &&
+			binary.BigEndian.Uint32(now.ckpt[0:4]) == binary.BigEndian.Uint32(last.ckpt[0:4])+1
 		var written map[uint32]uint64
 		differs, outcome := "", checkpointUnknown
 		if !restarted || nothingLeft {
@@ -455,12 +466,14 @@ func (d *dbFile) checkOverwritten(dataVersion func() (int64, bool)) error {
 		}
 		switch outcome {
 		case checkpointUnsure:
+			d.skipped = true
 			return nil // looked at again at the next check
 		case checkpointUnknown:
 			written = d.checkpointedPages(last.ckpt, now.ckpt) // nil when it cannot tell
 		}
 		// Another process's checkpoint may have written meanwhile.
 		if after, _, ok := checkpointState(d.shm); !ok || after != now.ckpt || d.checkpointLockHeld() {
+			d.skipped = true
 			return nil
 		}
 		if differs != "" {
@@ -480,6 +493,7 @@ func (d *dbFile) checkOverwritten(dataVersion func() (int64, bool)) error {
 		now.written = last.written
 	}
 	*last = now
+	d.skipped = false
 	return nil
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -294,59 +295,8 @@ func TestOverwriteNextToACheckpoint(t *testing.T) {
 		{"overwritten as the -wal starts over", false, 50, true, true, "overwritten in place"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "pets.db")
-			db, err := sql.Open("sqlite3", path+"?_journal_mode=WAL&_synchronous=OFF")
-			must(t, err)
-			defer db.Close()
-			db.SetMaxOpenConns(2)
-			// Checkpoints only when the test asks: both connections of the
-			// pool get automatic ones turned off.
-			var conns []*sql.Conn
-			for range 2 {
-				conn, err := db.Conn(context.Background())
-				must(t, err)
-				_, err = conn.ExecContext(context.Background(), "PRAGMA wal_autocheckpoint = 0")
-				must(t, err)
-				conns = append(conns, conn)
-			}
-			for _, conn := range conns {
-				conn.Close()
-			}
-			// The service looks at the file before and after each commit.
-			var d *dbFile
-			look := func() error {
-				if d == nil {
-					return nil
-				}
-				return d.checkOverwritten(noOtherWriter)
-			}
-			insert := func(rows int) {
-				t.Helper()
-				tx, err := db.Begin()
-				must(t, err)
-				for range rows {
-					_, err := tx.Exec("INSERT INTO t (v) VALUES (randomblob(3000))")
-					must(t, err)
-				}
-				must(t, tx.Commit())
-				if err := look(); err != nil {
-					t.Fatalf("after a commit: %v", err)
-				}
-			}
-			_, err = db.Exec("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
-			must(t, err)
-			for range 50 {
-				insert(1)
-			}
-			_, err = db.Exec("PRAGMA wal_checkpoint(PASSIVE)")
-			must(t, err)
-			d, err = openDBFile(path)
-			must(t, err)
-			defer d.close()
-			d.noteWAL()
-			if err := look(); err != nil {
-				t.Fatalf("first look: %v", err)
-			}
+			f := newLookedAtFile(t)
+			db, path, look, insert := f.db, f.path, f.look, f.insert
 			older, err := os.ReadFile(path)
 			must(t, err)
 			for range 50 {
@@ -410,6 +360,147 @@ func TestOverwriteNextToACheckpoint(t *testing.T) {
 				if err := look(); err != nil {
 					t.Errorf("second look: %v", err)
 				}
+			}
+		})
+	}
+}
+
+// lookedAtFile is a database in WAL mode that a test writes and
+// checkpoints through its own connections (automatic checkpoints off),
+// with a dbFile that looks at it as the service does.
+type lookedAtFile struct {
+	t    *testing.T
+	path string
+	db   *sql.DB
+	d    *dbFile
+}
+
+// newLookedAtFile makes the table t, 50 commits and a checkpoint, then
+// starts looking at the file.
+func newLookedAtFile(t *testing.T) *lookedAtFile {
+	t.Helper()
+	f := &lookedAtFile{t: t, path: filepath.Join(t.TempDir(), "pets.db")}
+	var err error
+	f.db, err = sql.Open("sqlite3", f.path+"?_journal_mode=WAL&_synchronous=OFF")
+	must(t, err)
+	t.Cleanup(func() { f.db.Close() })
+	f.db.SetMaxOpenConns(2)
+	// Checkpoints only when the test asks: both connections of the pool
+	// get automatic ones turned off.
+	var conns []*sql.Conn
+	for range 2 {
+		conn, err := f.db.Conn(context.Background())
+		must(t, err)
+		_, err = conn.ExecContext(context.Background(), "PRAGMA wal_autocheckpoint = 0")
+		must(t, err)
+		conns = append(conns, conn)
+	}
+	for _, conn := range conns {
+		conn.Close()
+	}
+	f.exec("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+	for range 50 {
+		f.insert(1)
+	}
+	f.exec("PRAGMA wal_checkpoint(PASSIVE)")
+	f.d, err = openDBFile(f.path)
+	must(t, err)
+	t.Cleanup(func() { f.d.close() })
+	f.d.noteWAL()
+	if err := f.look(); err != nil {
+		t.Fatalf("first look: %v", err)
+	}
+	return f
+}
+
+// look is the service's look at the file, before and after each commit.
+func (f *lookedAtFile) look() error {
+	if f.d == nil {
+		return nil
+	}
+	return f.d.checkOverwritten(noOtherWriter)
+}
+
+func (f *lookedAtFile) exec(query string) {
+	f.t.Helper()
+	_, err := f.db.Exec(query)
+	must(f.t, err)
+}
+
+// insert commits rows in one transaction, then looks.
+func (f *lookedAtFile) insert(rows int) {
+	f.t.Helper()
+	f.insertUnseen(rows)
+	if err := f.look(); err != nil {
+		f.t.Fatalf("after a commit: %v", err)
+	}
+}
+
+// insertUnseen commits rows in one transaction, with no look after.
+func (f *lookedAtFile) insertUnseen(rows int) {
+	f.t.Helper()
+	tx, err := f.db.Begin()
+	must(f.t, err)
+	for range rows {
+		_, err := tx.Exec("INSERT INTO t (v) VALUES (randomblob(3000))")
+		must(f.t, err)
+	}
+	must(f.t, tx.Commit())
+}
+
+// TestOverwriteAroundTheWALStartingOver: the service bounds a long
+// reader's -wal with a passive checkpoint, a look, then a truncating
+// checkpoint, so a copy that lands after the truncation is seen; and the
+// -wal starting over twice between two looks (when looks were skipped)
+// is not taken for an overwrite.
+func TestOverwriteAroundTheWALStartingOver(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		copy  bool
+		twice bool
+		want  string
+	}{
+		{"a passive checkpoint, a look, a truncating one", false, false, ""},
+		{"overwritten after the truncating checkpoint", true, false, "overwritten in place"},
+		{"the -wal started over twice between two looks", false, true, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newLookedAtFile(t)
+			older, err := os.ReadFile(f.path)
+			must(t, err)
+			for range 50 {
+				f.insert(1)
+			}
+			if tt.twice {
+				// A full checkpoint, then commits and checkpoints nobody
+				// looked at: the -wal starts over, is copied, starts over.
+				// The row changed in between is on a page the last look
+				// remembers, which the last -wal does not hold.
+				f.exec("PRAGMA wal_checkpoint(PASSIVE)")
+				must(t, f.look())
+				before := checkpointRecord(t, f.path)
+				f.exec("UPDATE t SET v = randomblob(3000) WHERE id = 80")
+				f.exec("PRAGMA wal_checkpoint(PASSIVE)")
+				f.insertUnseen(1)
+				after := checkpointRecord(t, f.path)
+				if binary.BigEndian.Uint32(after[0:4]) != binary.BigEndian.Uint32(before[0:4])+2 {
+					t.Fatalf("the -wal did not start over twice: %x then %x", before, after)
+				}
+			} else {
+				f.exec("PRAGMA wal_checkpoint(PASSIVE)")
+				must(t, f.look())
+				f.exec("PRAGMA wal_checkpoint(TRUNCATE)")
+				if tt.copy {
+					must(t, os.WriteFile(f.path, older, 0o600))
+				}
+				f.insertUnseen(1) // the next commit writes a new -wal
+			}
+			err = f.look()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("taken for an overwrite: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("got %v, want an error with %q", err, tt.want)
 			}
 		})
 	}

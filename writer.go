@@ -209,7 +209,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 				s.probeWrite(&w)
 			}
 			if !s.storage.framesLost.Load() && s.storage.replaced.Load() == nil {
-				w.boundWAL(s.file.path+"-wal", walLimit)
+				s.boundWAL(w, walLimit)
 			}
 		}
 	}
@@ -534,15 +534,24 @@ const walLimit = 64 << 20
 // of the WAL, which then grows with every commit and keeps its size. Once
 // a second, a WAL over limit gets a TRUNCATE checkpoint that does not
 // wait: if a reader still holds it back, it is tried again a second
-// later, and once the reader has let go the WAL shrinks to nothing.
-func (w *batchWriter) boundWAL(walPath string, limit int64) {
-	fi, err := os.Stat(walPath)
+// later, and once the reader has let go the WAL shrinks to nothing. A
+// passive checkpoint and a look at the file come first: the look checks
+// the pages copied against their frames while the WAL still holds them,
+// so the truncating checkpoint has nothing left to copy, and a copy of
+// the file that lands around it is seen (see checkOverwritten).
+func (s *petStore) boundWAL(w *batchWriter, limit int64) {
+	fi, err := os.Stat(s.file.path + "-wal")
 	if err != nil || fi.Size() <= limit {
 		return
 	}
 	// A busy timeout would stall every create behind a long reader.
 	w.setBusyTimeout(0)
-	w.truncateWAL()
+	if _, err := w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
+		return
+	}
+	if s.checkFile(w) == nil {
+		w.truncateWAL()
+	}
 }
 
 // truncateWAL checkpoints the whole WAL into the database file and
