@@ -403,7 +403,8 @@ func (s *petStore) checkHealth(ctx context.Context) error {
 		return err
 	}
 	if err := s.ping(ctx); err != nil {
-		if se := s.readFault(err); se != nil {
+		// A check refuses no request: it counts none.
+		if se := s.readFault(err, 0); se != nil {
 			return se
 		}
 		s.storage.faults.failed(faultNotAnswering, err, 0)
@@ -517,9 +518,9 @@ func (s *petStore) markIOFailed(err error) {
 }
 
 // readFault classifies a read error: damage is recorded, another storage
-// fault goes to the fault log, and either comes back as a storageError
-// for a 503; nil for other errors.
-func (s *petStore) readFault(err error) *storageError {
+// fault goes to the fault log with the requests it refused, and either
+// comes back as a storageError for a 503; nil for other errors.
+func (s *petStore) readFault(err error, refused int) *storageError {
 	kind, ok := s.classify(err)
 	if !ok {
 		return nil
@@ -527,7 +528,7 @@ func (s *petStore) readFault(err error) *storageError {
 	if kind == faultDamaged {
 		s.markDamaged(err.Error())
 	} else {
-		s.storage.faults.failed(kind, err, 1)
+		s.storage.faults.failed(kind, err, refused)
 	}
 	return &storageError{kind: kind, err: err}
 }
@@ -552,7 +553,7 @@ func (s *petStore) readError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if se := s.readFault(err); se != nil {
+	if se := s.readFault(err, 1); se != nil {
 		return se
 	}
 	return err
