@@ -332,8 +332,9 @@ func (d *dbFile) close() error {
 // its size or times have, its first page, its last 32 KiB and the pages
 // the last checkpoints wrote are compared with what they were; a touch or
 // a chmod changes none. When the record moved, a checkpoint ran: the file
-// must still be petstore's, and its change counter must not have gone
-// back.
+// must still be petstore's, its change counter must not have gone back,
+// and the pages are compared with what the checkpoint wrote (see
+// checkCheckpoint).
 
 // contentPrint is what the service knows of the database file's content
 // since the last checkpoint.
@@ -456,7 +457,7 @@ func (d *dbFile) checkOverwritten(dataVersion func() (int64, bool)) error {
 		// was skipped, nobody else has committed, and it started over once
 		// (SQLite adds 1 to the first salt at each restart).
 		restarted := !bytes.Equal(last.ckpt[:8], now.ckpt[:8])
-		nothingLeft := last.frames == binary.NativeEndian.Uint32(last.ckpt[8:12]) && !d.skipped &&
+		nothingLeft := last.frames == backfill(last.ckpt) && !d.skipped &&
 			versionOK && now.dataVersion == last.dataVersion &&
 			binary.BigEndian.Uint32(now.ckpt[0:4]) == binary.BigEndian.Uint32(last.ckpt[0:4])+1
 		var written map[uint32]uint64
@@ -529,11 +530,11 @@ const (
 // last and now wrote (see above). It returns digests of the pages they
 // copied and of the pages last knew that they left, and what differs.
 func (d *dbFile) checkCheckpoint(last, now *contentPrint, restarted bool) (written map[uint32]uint64, differs string, outcome checkpointOutcome) {
-	from := binary.NativeEndian.Uint32(last.ckpt[8:12])
+	from := backfill(last.ckpt)
 	if restarted {
 		from = 0 // every frame of the new -wal is new
 	}
-	to := binary.NativeEndian.Uint32(now.ckpt[8:12])
+	to := backfill(now.ckpt)
 	tried := binary.NativeEndian.Uint32(now.ckpt[12:16])
 	switch {
 	case to < from || tried != to:
@@ -543,31 +544,22 @@ func (d *dbFile) checkCheckpoint(last, now *contentPrint, restarted bool) (writt
 	case now.size < last.size:
 		return nil, "", checkpointUnknown // a checkpoint may cut the file to a smaller database
 	}
-	var h [96]byte
-	if _, err := d.shm.ReadAt(h[:], 0); err != nil || !bytes.Equal(h[:48], h[48:]) {
+	index, stable, ok := d.readFrameIndex()
+	if !ok || !stable || index.frames() < to || index.pageSize() != headerPageSize(now.head[:]) {
 		return nil, "", checkpointUnsure
 	}
-	pageSize := shmPageSize(h[:48])
-	maxFrame := binary.NativeEndian.Uint32(h[16:20])
-	dbPages := binary.NativeEndian.Uint32(h[20:24])
-	if maxFrame < to || pageSize != headerPageSize(now.head[:]) {
-		return nil, "", checkpointUnsure
-	}
-	index := make([]byte, (shmBlockOf(maxFrame)+1)*shmBlock)
-	if _, err := d.shm.ReadAt(index, 0); err != nil {
-		return nil, "", checkpointUnsure
-	}
+	pageSize, dbPages := index.pageSize(), index.dbPages()
 	// Each page's newest frame after the older backfill.
 	newest := map[uint32]uint32{}
-	for i := maxFrame; i > from; i-- {
-		if n := shmFramePage(index, i); newest[n] == 0 {
+	for i := index.frames(); i > from; i-- {
+		if n := index.page(i); newest[n] == 0 {
 			newest[n] = i
 		}
 	}
 	written = map[uint32]uint64{}
 	frame := make([]byte, pageSize)
 	for i := to; i > from && len(written) < maxWrittenPages; i-- {
-		n := shmFramePage(index, i)
+		n := index.page(i)
 		if newest[n] != i || n > dbPages {
 			continue // not copied: a newer frame, or past the end
 		}
@@ -614,6 +606,32 @@ func (d *dbFile) checkCheckpoint(last, now *contentPrint, restarted bool) (writt
 	return written, "", checkpointChecked
 }
 
+// backfill is the checkpoint record's count of frames in the file.
+func backfill(ckpt [16]byte) uint32 { return binary.NativeEndian.Uint32(ckpt[8:12]) }
+
+// frameIndex is SQLite's index of the -wal, read from the -shm: the first
+// copy of its header, then for each frame the page it holds.
+type frameIndex []byte
+
+// readFrameIndex reads the index up to the frame count its header gives;
+// stable says the header's two copies agreed (they differ while a commit
+// of another process writes them).
+func (d *dbFile) readFrameIndex() (index frameIndex, stable, ok bool) {
+	var h [96]byte
+	if _, err := d.shm.ReadAt(h[:], 0); err != nil {
+		return nil, false, false
+	}
+	index = make(frameIndex, (shmBlockOf(frameIndex(h[:]).frames())+1)*shmBlock)
+	if _, err := d.shm.ReadAt(index, 0); err != nil {
+		return nil, false, false
+	}
+	return index, bytes.Equal(h[:48], h[48:]) && bytes.Equal(index[:96], h[:]), true
+}
+
+func (x frameIndex) frames() uint32  { return binary.NativeEndian.Uint32(x[16:20]) }
+func (x frameIndex) dbPages() uint32 { return binary.NativeEndian.Uint32(x[20:24]) }
+func (x frameIndex) pageSize() int64 { return shmPageSize(x[:48]) }
+
 // shmBlockOf is the index block of the -shm that holds frame i (from 1).
 func shmBlockOf(i uint32) int {
 	if i <= shmFramesInFirst {
@@ -622,8 +640,8 @@ func shmBlockOf(i uint32) int {
 	return int((i-shmFramesInFirst-1)/shmFramesInBlock) + 1
 }
 
-// shmFramePage is the page number SQLite's index holds for frame i.
-func shmFramePage(index []byte, i uint32) uint32 {
+// page is the page number the index holds for frame i (from 1).
+func (x frameIndex) page(i uint32) uint32 {
 	block := shmBlockOf(i)
 	at := block * shmBlock
 	if block == 0 {
@@ -631,7 +649,7 @@ func shmFramePage(index []byte, i uint32) uint32 {
 	} else {
 		at += int(i-shmFramesInFirst-1-uint32(block-1)*shmFramesInBlock) * 4
 	}
-	return binary.NativeEndian.Uint32(index[at : at+4])
+	return binary.NativeEndian.Uint32(x[at : at+4])
 }
 
 // checkpointedPages digests, as the file holds them now, the pages that
@@ -639,25 +657,19 @@ func shmFramePage(index []byte, i uint32) uint32 {
 // after the older record's backfill (from the start, after a restart of
 // the -wal) up to the newer one's.
 func (d *dbFile) checkpointedPages(before, after [16]byte) map[uint32]uint64 {
-	from := binary.NativeEndian.Uint32(before[8:12])
-	to := binary.NativeEndian.Uint32(after[8:12])
+	from, to := backfill(before), backfill(after)
 	if !bytes.Equal(before[:8], after[:8]) || to < from {
 		from = 0 // the -wal restarted since
 	}
-	var h [16]byte
-	if _, err := d.shm.ReadAt(h[:], 0); err != nil {
+	index, _, ok := d.readFrameIndex()
+	if !ok || index.frames() < to {
 		return nil
 	}
-	pageSize := shmPageSize(h[:])
 	pages := map[uint32]uint64{}
-	var frame [4]byte
 	// Newest first: when there are more than the bound, the newest count.
-	for i := int64(to); i > int64(from) && len(pages) < maxWrittenPages; i-- {
-		if _, err := d.wal.ReadAt(frame[:], 32+(i-1)*(pageSize+24)); err != nil {
-			return nil
-		}
-		if n := binary.BigEndian.Uint32(frame[:]); pages[n] == 0 {
-			pages[n] = d.pageDigest(n, pageSize)
+	for i := to; i > from && len(pages) < maxWrittenPages; i-- {
+		if n := index.page(i); pages[n] == 0 {
+			pages[n] = d.pageDigest(n, index.pageSize())
 		}
 	}
 	return pages
