@@ -302,18 +302,21 @@ func explainFlagError(fs *flag.FlagSet, command string, hints map[string]string,
 	}
 	var names []string
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
-	hint := hints[strings.ToLower(strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-"))]
+	hint := hints[strings.ToLower(bareFlag(name))]
 	if meant := meantFlag(name, names); hint == "" && meant != "" {
 		hint = "; did you mean -" + meant + "?"
 	}
 	return fmt.Errorf("unknown flag -%s%s (%s -h lists them)", name, hint, command)
 }
 
+// bareFlag is a flag's name without its dashes and any =value.
+func bareFlag(name string) string { return strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-") }
+
 // meantFlag is the flag of flags an unknown name most likely meant: an
 // alias, or the name fewest edits away (a swap of two letters is one; at
 // most a third of its length, or 1); "" when none is near.
 func meantFlag(name string, flags []string) string {
-	name = strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-")
+	name = bareFlag(name)
 	if alias, ok := flagAliases[strings.ToLower(name)]; ok && slices.Contains(flags, alias) {
 		return alias
 	}
