@@ -219,17 +219,6 @@ func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 	return pets, nil
 }
 
-// syncPath fsyncs a file or a directory, so what was written to it, or a
-// name added to it, is on stable storage.
-func syncPath(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
-}
-
 // runRestore is "petstore restore -from BACKUP [-db FILE]".
 func runRestore(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	const usage = "petstore restore -from BACKUP [-db FILE]"

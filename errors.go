@@ -29,8 +29,14 @@ const (
 	// does not know of (an operator's trigger) refused this one create.
 	codeRefusedByDatabase = "refused_by_database"
 	// codeStorageTampered: creates are refused until a restart because the
-	// database file or its -wal was changed by something other than SQLite.
+	// database's -wal or -shm was deleted or replaced under the service.
 	codeStorageTampered = "storage_tampered"
+	// codeStorageFailed: creates are refused until a restart because a
+	// write to the storage failed with an I/O error.
+	codeStorageFailed = "storage_failed"
+	// codeStorageDamaged: the database file is corrupt; creates, and reads
+	// of what cannot be read, are refused until it is restored.
+	codeStorageDamaged = "storage_damaged"
 	// codeAcknowledgedPetsMissing: creates are refused because the file
 	// lost pets this service acknowledged (see faultWentBack).
 	codeAcknowledgedPetsMissing = "acknowledged_pets_missing"

@@ -1,16 +1,20 @@
-// Storage health: what the store does when the disk or the database file
-// goes wrong underneath it. A fault is classified once, answered as a
-// retryable 503 naming its cause, logged when it begins and when it ends
-// (not once per request), and shown by /healthz, whose checks are here,
-// until it clears.
+// Storage faults: what the store does when the disk or the files go wrong
+// underneath it. Everything here rests on what SQLite and the OS promise:
+// SQLite's error codes, its checkpoints and VACUUM INTO, and the file
+// system's locks, device and inode numbers. Nothing reads SQLite's file
+// formats. A fault is classified once, answered as a 503 that names its
+// cause, logged when it begins and when it ends, and shown by /healthz.
 
 package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -27,14 +31,15 @@ const (
 	faultNone faultKind = iota
 	faultDiskFull
 	faultReadOnly
-	faultIO
 	faultLocked
 	faultNotAnswering
-	faultTimedOut // a create that could not be committed before its deadline
-	faultDamaged  // lasts until the file is restored and the service restarted
-	faultReplaced // lasts until the service is restarted
-	faultWentBack // the file lost pets it held; lasts until restart
-	faultTampered // the file or its -wal changed outside SQLite; lasts until restart
+	faultTimedOut // one create that could not be committed before its deadline
+	// The kinds below last until the service is restarted (see lasting).
+	faultIO       // a write or fsync failed: the files are suspect
+	faultDamaged  // SQLite found the file corrupt
+	faultReplaced // the database file was removed or replaced at its path
+	faultTampered // its -wal or -shm was removed or replaced
+	faultWentBack // the file no longer holds pets this service stored
 )
 
 // message says what is wrong, starting with the short name of the failing
@@ -45,18 +50,18 @@ func (k faultKind) message() string {
 		return "disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed"
 	case faultReadOnly:
 		return "read-only: the database file or its filesystem cannot be written"
-	case faultIO:
-		return "I/O error: the storage holding the database reports errors"
 	case faultLocked:
 		return "database locked: another process holds the database's write lock"
+	case faultTimedOut:
+		return "timed out: the pet could not be committed before the write timeout, so it was not stored"
+	case faultIO:
+		return "I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted"
 	case faultDamaged:
 		return "damaged: the database file is corrupt and must be restored from a backup"
 	case faultReplaced:
 		return "file replaced: the database file was deleted or replaced while the service ran; the service must be restarted"
-	case faultTimedOut:
-		return "timed out: the pet could not be committed before the write timeout, so it was not stored"
 	case faultTampered:
-		return "storage tampered: the database file or its -wal file was changed under the running service by something other than SQLite (deleted, replaced, cut short or overwritten in place), so no pet can be stored safely; the service must be restarted"
+		return "storage tampered: the database's -wal or -shm file was deleted or replaced under the running service, so no pet can be stored safely; the service must be restarted"
 	case faultWentBack:
 		return "catalogue went back: the database file no longer holds pets this service stored (an older copy was put under it), so new pets would reuse their ids; the service must be restarted"
 	}
@@ -64,35 +69,44 @@ func (k faultKind) message() string {
 }
 
 // retryAfter is the Retry-After of a 503 for the fault, in seconds: a lock
-// passes quickly; the others wait for an operator.
+// passes quickly; a lasting fault waits for an operator.
 func (k faultKind) retryAfter() string {
-	switch k {
-	case faultLocked, faultNotAnswering, faultTimedOut:
+	switch {
+	case k == faultLocked || k == faultNotAnswering || k == faultTimedOut:
 		return "1"
-	case faultDamaged, faultReplaced, faultWentBack, faultTampered:
+	case k >= faultIO:
 		return "60"
-	case faultIO:
-		return "60" // refused until a restart: a failed fsync is not retried
 	}
 	return "5"
 }
 
-// code is the Error body's code for the fault: the catalogue going back
-// has its own, since a client that retries blindly on "unavailable" must
-// learn that pets it was told were stored are gone.
+// code is the Error body's code for the fault: a client that retries
+// blindly on "unavailable" must learn when the cause is one that waiting
+// alone does not end.
 func (k faultKind) code() string {
 	switch k {
-	case faultWentBack:
-		return codeAcknowledgedPetsMissing
+	case faultIO:
+		return codeStorageFailed
+	case faultDamaged:
+		return codeStorageDamaged
 	case faultTampered:
 		return codeStorageTampered
+	case faultWentBack:
+		return codeAcknowledgedPetsMissing
 	}
 	return codeUnavailable
 }
 
+// hidesPets reports whether, while the fault lasts, a pet the store cannot
+// find may still exist: the file cannot be read whole, or no longer holds
+// pets it held. A missing pet is then a 503, never a 404.
+func (k faultKind) hidesPets() bool {
+	return k == faultIO || k == faultDamaged || k == faultWentBack
+}
+
 // storageError is a store failure with a known cause outside the service.
-// Handlers answer it with 503 and Retry-After; it is logged by the
-// faultLog, not per request.
+// Handlers answer it with 503 and Retry-After; it is logged once per
+// fault, not per request.
 type storageError struct {
 	kind faultKind
 	err  error
@@ -159,66 +173,139 @@ func classifyErrno(errno syscall.Errno) (faultKind, bool) {
 // asStorageError wraps err as a storageError when it is a storage fault,
 // and returns it unchanged otherwise.
 func asStorageError(err error) error {
-	if err == nil {
-		return nil
+	var se *storageError
+	if err == nil || errors.As(err, &se) {
+		return err
 	}
 	if kind, ok := classifyFault(err); ok {
-		var se *storageError
-		if errors.As(err, &se) {
-			return err
-		}
 		return &storageError{kind: kind, err: err}
 	}
 	return err
 }
 
-// storeHealth is what the store knows of its storage's health.
-type storeHealth struct {
-	faults *faultLog
-	// damage is why the file is known to be corrupt ("" while it is not):
-	// found by the quick_check at start or by a query. It lasts until the
-	// file is restored and the service restarted.
-	damage atomic.Pointer[string]
-	// replaced is set once the path no longer names the opened file; it
-	// lasts until restart.
-	replaced atomic.Pointer[storageError]
-	// framesLost is set with replaced when the files no longer hold pets
-	// the service acknowledged (see rescue.go).
-	framesLost atomic.Bool
-	// ioFailed is set once a write or an fsync failed with an I/O error:
-	// the kernel may have dropped pages it had taken, and report success
-	// on the next fsync, so it is not retried; it lasts until restart,
-	// and the next start checks the whole file first (checkMarker).
-	ioFailed atomic.Pointer[storageError]
-	// wentBack is set once the file no longer holds pets the service
-	// held (see view.checkWentBack); it lasts until restart.
-	wentBack atomic.Pointer[storageError]
-	// commitStart is when the commit in progress began (Unix nanoseconds),
-	// 0 between commits: a commit stuck on a frozen filesystem shows in
-	// /healthz.
-	commitStart atomic.Int64
-	// pinging is set while a health check's read runs.
-	pinging atomic.Bool
-	// checked is the latest background health check (watchHealth), and
-	// recheck asks for one now.
-	checked atomic.Pointer[healthCheck]
-	recheck chan struct{}
-	// checkMu orders a check's result after the fault changes counted in
-	// faultChanges: a check that a change overtook is not kept.
-	checkMu      sync.Mutex
-	faultChanges int
-	// stopWatch ends watchHealth, which closes watchDone.
-	stopWatch, watchDone chan struct{}
+// fileID is a file's identity: the same path can name another file later.
+type fileID struct{ dev, ino uint64 }
+
+// statID is the identity of the file at path; ok is false when there is
+// none (or it cannot be seen).
+func statID(path string) (id fileID, ok bool) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return id, false
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	return fileID{dev: uint64(st.Dev), ino: st.Ino}, true
 }
 
-// faultLog remembers the storage fault in force, so it is logged once
-// when it begins, once when it ends (with how many requests it refused
-// and for how long), and reported by /healthz in between.
+// dbFile is the database file as the service opened it: its lock and the
+// identities of the three files SQLite keeps open. The lock is an
+// exclusive flock on the file, held for the life of the service, so a
+// second petstore on the same file refuses to start; SQLite's own locks
+// are POSIX locks, which flock does not touch. Its descriptor is closed
+// only after every SQLite connection: closing any descriptor of the file
+// releases the process's POSIX locks on it.
+type dbFile struct {
+	path string
+	lock *os.File
+	// readOnly: the file could be opened only for reading at start; it
+	// is cleared once a write has worked.
+	readOnly atomic.Bool
+	ids      [3]fileID // the database, its -wal and its -shm, once opened
+	known    [3]bool
+}
+
+// companions are the suffixes of the files SQLite keeps beside the
+// database, in the order of dbFile.ids.
+var companions = [3]string{"", "-wal", "-shm"}
+
+// openDBFile opens the database file at path, creating it private to the
+// service's user (SQLite would use the umask's mode, and gives the -wal
+// and -shm files the database's mode), and takes the service's lock.
+func openDBFile(path string) (*dbFile, error) {
+	d := &dbFile{path: path}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		// A file that cannot be written (read-only filesystem, immutable
+		// file) is still served for reading; creates get 503.
+		ro, roErr := os.Open(path)
+		if roErr != nil {
+			return nil, fmt.Errorf("open database: %w", err)
+		}
+		f = ro
+		d.readOnly.Store(true)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("database %s is in use by another petstore process; run one service per database file", path)
+		}
+		return nil, fmt.Errorf("lock database %s: %w", path, err)
+	}
+	d.lock = f
+	return d, nil
+}
+
+// noteOpened records the identities of the files SQLite has opened, once
+// its connections have read: a -wal or -shm it has not created yet (a
+// read-only start) is not watched.
+func (d *dbFile) noteOpened() {
+	for i, suffix := range companions {
+		d.ids[i], d.known[i] = statID(d.path + suffix)
+	}
+}
+
+// vanished names the first of the files SQLite holds open that is no
+// longer the file at its path (deleted, renamed or replaced), or "".
+// Committing on would acknowledge pets that a restart cannot find.
+func (d *dbFile) vanished() string {
+	for i, suffix := range companions {
+		if id, ok := statID(d.path + suffix); d.known[i] && (!ok || id != d.ids[i]) {
+			return d.path + suffix
+		}
+	}
+	return ""
+}
+
+// close releases the lock: after SQLite's connections, see dbFile.
+func (d *dbFile) close() { d.lock.Close() }
+
+// syncPath fsyncs a file or a directory, so what was written to it, or a
+// name added to it, is on stable storage.
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// vacuumInto writes a consistent, self-contained copy of what conn sees
+// to dst, a new file private to the service's user, and fsyncs it and its
+// directory. VACUUM INTO reads one snapshot, so it neither blocks a writer
+// nor copies a half-committed state.
+func vacuumInto(ctx context.Context, conn interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, dst string) error {
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	if _, err := conn.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
+		os.Remove(dst)
+		return err
+	}
+	return errors.Join(syncPath(dst), syncPath(filepath.Dir(dst)))
+}
+
+// faultLog remembers the passing storage fault in force (a full disk, a
+// read-only file, a lock), so it is logged once when it begins and once
+// when it ends, with how many requests it refused and for how long, and
+// reported by /healthz in between.
 type faultLog struct {
 	log  *slog.Logger
 	path string
-	// changed is called when a fault begins (false) or ends (true).
-	changed func(ended bool)
 
 	mu      sync.Mutex
 	kind    faultKind
@@ -240,9 +327,6 @@ func (f *faultLog) failed(kind faultKind, cause error, n int) {
 		f.endLocked("changed to " + kind.message())
 	}
 	f.kind, f.cause, f.since, f.refused = kind, cause, time.Now(), n
-	if f.changed != nil {
-		defer f.changed(false)
-	}
 	f.log.Error("storage fault: requests that need it are refused with 503 until it clears",
 		"fault", kind.message(), "err", rootCause(cause).Error(), "db", f.path)
 }
@@ -260,19 +344,6 @@ func (f *faultLog) endLocked(why string) {
 	f.log.Warn("storage fault cleared", "fault", f.kind.message(), "why", why,
 		"refused", f.refused, "lasted", time.Since(f.since).Round(time.Millisecond).String(), "db", f.path)
 	f.kind, f.cause, f.refused = faultNone, nil, 0
-	if f.changed != nil {
-		defer f.changed(true)
-	}
-}
-
-// rootCause is the error under a storageError, for the log, which names
-// the fault already.
-func rootCause(err error) error {
-	var se *storageError
-	if errors.As(err, &se) {
-		return se.err
-	}
-	return err
 }
 
 // current returns the fault in force, or nil.
@@ -285,6 +356,84 @@ func (f *faultLog) current() *storageError {
 	return &storageError{kind: f.kind, err: f.cause}
 }
 
+// rootCause is the error under a storageError, for the log, which names
+// the fault already.
+func rootCause(err error) error {
+	var se *storageError
+	if errors.As(err, &se) {
+		return se.err
+	}
+	return err
+}
+
+// lastingFault records, once, a fault that lasts until the service is
+// restarted, and tells the operator in one ERROR line what happened and
+// what to do; it returns the fault in force, the first one recorded.
+func (s *petStore) lastingFault(se *storageError, todo string, args ...any) *storageError {
+	if s.lasting.CompareAndSwap(nil, se) {
+		args = append(args, "fault", se.kind.message(), "err", se.err.Error(), "db", s.file.path)
+		s.log.Error(todo, args...)
+	}
+	return s.lasting.Load()
+}
+
+// storageFault is err from SQLite as a storageError when the storage is
+// at fault, and records the faults that last: a corrupt file, or an I/O
+// error, after which the kernel may have dropped pages it had taken and
+// report success on the next fsync (PostgreSQL's lesson of 2018), so
+// nothing more is written to the files: no commit, no checkpoint, no
+// close that checkpoints. The next start recovers from the -wal, which
+// held every acknowledged pet when its commit was fsynced.
+func (s *petStore) storageFault(err error) error {
+	err = asStorageError(err)
+	var se *storageError
+	if !errors.As(err, &se) {
+		return err
+	}
+	switch se.kind {
+	case faultDamaged:
+		return s.lastingFault(se, "database file is damaged: stop the service, move the file and its -wal and -shm aside, and restore the latest backup (docs/operations.md: Backups and restore)")
+	case faultIO:
+		return s.lastingFault(se, "a write or an fsync failed with an I/O error: the kernel may have dropped pages it had taken, so the service writes nothing more to the files "+
+			"(creates are refused, reads go on); check the storage (dmesg), then restart the service: SQLite recovers every acknowledged pet from the -wal, "+
+			"and the start checks the file before it takes creates")
+	}
+	return se
+}
+
+// saveVanished runs in the writer loop once a file SQLite holds open is
+// no longer at its path. What the service holds is saved through its
+// open connection: where the -wal or -shm went, a checkpoint puts every
+// committed pet into the database file; where the database went (or the
+// checkpoint cannot finish), VACUUM INTO writes them all to a new file
+// beside the path, and the -wal is emptied so that it cannot be paired
+// with another file at the next start. It reports whether every pet the
+// service committed is in the file the log names.
+func (s *petStore) saveVanished(w *batchWriter, which string) bool {
+	kind, path := faultTampered, s.file.path
+	if which == s.file.path {
+		kind = faultReplaced
+	} else if w.checkpoint("TRUNCATE") == nil {
+		s.lastingFault(&storageError{kind: kind, err: fmt.Errorf("%s was deleted or replaced", which)},
+			"a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
+				"every pet is checkpointed into the database file: restart the service (docs/operations.md: The operator contract)")
+		return true
+	}
+	saved := fmt.Sprintf("%s.saved-%s", path, time.Now().UTC().Format("20060102T150405Z"))
+	err := vacuumInto(context.Background(), w.conn, saved)
+	w.checkpoint("TRUNCATE")
+	se := &storageError{kind: kind, err: fmt.Errorf("%s was deleted or replaced", which)}
+	if err != nil {
+		s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
+			"its pets could not be saved: fetch what the API still serves (GET /v1/pets) before you stop it", "save_err", err.Error())
+		return false
+	}
+	s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
+		"every pet it holds is saved: stop the service, put them back with the command given, then start it",
+		"saved", saved, "command", "petstore restore -from "+saved+" -db "+path)
+	return true
+}
+
 // health is /healthz's answer: nil while the store can both read and
 // store a pet, and otherwise the failing check as a storageError. It does
 // no I/O: faults already known are read from memory, and the rest comes
@@ -292,294 +441,113 @@ func (f *faultLog) current() *storageError {
 // monitors asking at once costs nothing and cannot themselves look like a
 // fault.
 func (s *petStore) health() error {
-	if err := s.knownFault(); err != nil {
-		return err
+	if f := s.lasting.Load(); f != nil {
+		return f
 	}
-	if last := s.storage.checked.Load(); last != nil && last.err != nil {
-		return last.err
-	}
-	return nil
-}
-
-// knownFault is the fault the store already knows of, from memory.
-func (s *petStore) knownFault() error {
-	if r := s.storage.replaced.Load(); r != nil {
-		return r
-	}
-	if r := s.storage.wentBack.Load(); r != nil {
-		return r
-	}
-	if r := s.storage.ioFailed.Load(); r != nil {
-		return r
-	}
-	if d := s.storage.damage.Load(); d != nil {
-		return &storageError{kind: faultDamaged, err: errors.New(*d)}
-	}
-	if start := s.storage.commitStart.Load(); start != 0 && time.Since(time.Unix(0, start)) > stuckCommit {
+	if start := s.commitStart.Load(); start != 0 && time.Since(time.Unix(0, start)) > stalledCommit {
 		return &storageError{kind: faultNotAnswering, err: fmt.Errorf("a commit has been waiting on the storage for %s", time.Since(time.Unix(0, start)).Round(time.Second))}
 	}
-	if f := s.storage.faults.current(); f != nil {
+	if f := s.faults.current(); f != nil {
 		return f // the writer loop probes every second until it clears
+	}
+	if err := s.pinged.Load(); err != nil && *err != nil {
+		return *err
 	}
 	return nil
 }
 
-// healthCheckEvery is how often watchHealth checks the storage when
-// nothing asks it to sooner.
-const healthCheckEvery = time.Second
+// stalledCommit is how long a commit may wait on the storage (a frozen
+// filesystem, a stalled disk) before the log and /healthz say so.
+const stalledCommit = 5 * time.Second
 
-// healthCheck is one background check's outcome.
-type healthCheck struct{ err error }
+// minFreeBytes is the free space below which the health check tries a
+// real write: only that tells whether a pet can still be stored, whatever
+// blocks the filesystem keeps for root and whether this process may use
+// them.
+const minFreeBytes = 1 << 20
 
-// watchHealth checks the storage about once a second, and at once when a
-// fault begins or ends, until stop is closed; health answers from the
-// latest check.
+// watchHealth checks the storage about once a second until stop is
+// closed: one read, and a real write (a probe through the writer loop)
+// when the filesystem is read-only or nearly full, or the file could be
+// opened only for reading.
 func (s *petStore) watchHealth(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
-	tick := time.NewTicker(healthCheckEvery)
+	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-tick.C:
-		case <-s.storage.recheck:
 		}
-		s.checkHealthNow()
+		s.checkHealth()
 	}
 }
 
-// checkHealthNow runs one check and makes it what health answers.
-func (s *petStore) checkHealthNow() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	s.storage.checkMu.Lock()
-	generation := s.storage.faultChanges
-	s.storage.checkMu.Unlock()
-	err := s.checkHealth(ctx)
-	s.storage.checkMu.Lock()
-	defer s.storage.checkMu.Unlock()
-	if s.storage.faultChanges != generation {
-		s.recheckHealth() // a fault began or ended meanwhile: this check may be stale
-		return
-	}
-	s.storage.checked.Store(&healthCheck{err: err})
-}
-
-// faultChanged is the fault log's hook. A fault that began or ended makes
-// the latest check stale, and another is run at once. One that ended did
-// so because a write worked, which is the proof a check looks for:
-// /healthz says so at once, without waiting for that check.
-func (s *petStore) faultChanged(ended bool) {
-	s.storage.checkMu.Lock()
-	s.storage.faultChanges++
-	if ended {
-		s.storage.checked.Store(&healthCheck{})
-	}
-	s.storage.checkMu.Unlock()
-	s.recheckHealth()
-}
-
-// recheckHealth asks watchHealth for a check now, without waiting.
-func (s *petStore) recheckHealth() {
-	select {
-	case s.storage.recheck <- struct{}{}:
-	default:
+// checkHealth is one check of watchHealth; the store's start runs the
+// first, so /healthz tells the truth from its first answer.
+func (s *petStore) checkHealth() {
+	err := s.ping()
+	s.pinged.Store(&err)
+	var st syscall.Statfs_t
+	statErr := syscall.Fstatfs(int(s.file.lock.Fd()), &st)
+	const stRdonly = 1 // ST_RDONLY
+	if statErr != nil || st.Flags&stRdonly != 0 || st.Bavail*uint64(st.Bsize) < minFreeBytes || s.file.readOnly.Load() {
+		s.probe()
 	}
 }
 
-// checkHealth returns nil while the store can both read and store a pet,
-// and otherwise the failing check as a storageError: a stat, a statfs and
-// one read; it writes only when the disk looks full or read-only. Only
-// checkHealthNow calls it.
-func (s *petStore) checkHealth(ctx context.Context) error {
-	if s.storage.replaced.Load() == nil {
-		if err := s.file.checkStillThere(); err != nil {
-			s.markReplaced(err, false)
-			return asStorageError(err)
-		}
-	}
-	if err := s.knownFault(); err != nil {
-		return err
-	}
-	if err := s.ping(ctx); err != nil {
-		// A check refuses no request: it counts none.
-		if se := s.readFault(err, 0); se != nil {
-			return se
-		}
-		s.storage.faults.failed(faultNotAnswering, err, 0)
-		return &storageError{kind: faultNotAnswering, err: err}
-	}
-	if fault := s.storage.faults.current(); fault != nil {
-		return fault // the writer loop probes every second until it clears
-	}
-	if s.file.looksUnwritable() {
-		return asStorageError(s.probe(ctx))
-	}
-	return nil
-}
-
-// ping runs one read, and waits for it no longer than ctx allows. On a
-// frozen filesystem a read blocks in the kernel (SQLite writes to the -shm
-// mapping), where no context reaches, so the read runs in a goroutine of
-// its own; while one is stuck, the next ping fails at once instead of
-// stacking up another.
-func (s *petStore) ping(ctx context.Context) error {
-	if !s.storage.pinging.CompareAndSwap(false, true) {
+// ping runs one read, and waits for it no longer than 2 s. On a frozen
+// filesystem a read blocks in the kernel, where no context reaches, so the
+// read runs in a goroutine of its own; while one is stuck, the next ping
+// fails at once instead of stacking up another.
+func (s *petStore) ping() error {
+	if !s.pinging.CompareAndSwap(false, true) {
 		return &storageError{kind: faultNotAnswering, err: errors.New("an earlier read has not finished")}
 	}
 	done := make(chan error, 1)
 	go func() {
 		var one int
-		err := s.readers.QueryRowContext(context.Background(), "SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
-		// Cleared before the answer goes out: a check that follows at once
-		// must not find this one still running.
-		s.storage.pinging.Store(false)
+		err := s.readers.QueryRow("SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
+		s.pinging.Store(false)
 		done <- err
 	}()
 	select {
 	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return &storageError{kind: faultNotAnswering, err: errors.New("a read did not finish in time")}
+		return asStorageError(err)
+	case <-time.After(2 * time.Second):
+		return &storageError{kind: faultNotAnswering, err: errors.New("a read did not finish in 2 s")}
 	}
 }
 
-// stuckCommit is how long a commit may wait on the storage before
-// /healthz says the database is not answering.
-const stuckCommit = 5 * time.Second
-
-// probe asks the writer loop for a write that changes nothing, and
-// returns its outcome.
-func (s *petStore) probe(ctx context.Context) error {
-	done := make(chan error, 1)
+// probe asks the writer loop for a write that stores nothing (see
+// probeWrite) and waits for it at most 2 s: its outcome goes to the fault
+// log, where /healthz reads it.
+func (s *petStore) probe() {
+	done := make(chan struct{}, 1)
+	timeout := time.After(2 * time.Second)
 	select {
 	case s.queue.probes <- done:
-	case <-s.queue.loopDone:
-		return errClosed
-	case <-ctx.Done():
-		return &storageError{kind: faultNotAnswering, err: errors.New("the writer is busy")}
+	case <-timeout:
+		return
 	}
 	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return &storageError{kind: faultNotAnswering, err: errors.New("a test write did not finish in time")}
+	case <-done:
+	case <-timeout:
 	}
 }
 
-// markReplaced records, once, that the path no longer names the opened
-// file, or that the files were tampered with, and tells the operator what
-// to do. It reports whether err was such a fault. lost says the files no
-// longer hold pets that were acknowledged: then, the first time, every pet
-// is saved to the rescue file (only the writer loop passes it).
-func (s *petStore) markReplaced(err error, lost bool) bool {
-	var se *storageError
-	if !errors.As(err, &se) || se.kind != faultReplaced && se.kind != faultTampered {
-		return false
-	}
-	if !s.storage.replaced.CompareAndSwap(nil, se) {
-		return true
-	}
-	if se.kind == faultReplaced {
-		s.log.Error("the database file was deleted or replaced under the running service: creates are refused from now on; "+
-			"restart the service to open the file now at the path, or restore it from a backup (README: Backups and restore)",
-			"db", s.file.path, "err", se.err.Error())
-		return true
-	}
-	if lost {
-		s.logRescue(se)
-		return true
-	}
-	s.log.Error("the database's -wal or -shm file was deleted or replaced under the running service: creates are refused from now on; "+
-		"a -wal the service still held open is saved into the database file first; then restart the service, and if pets are missing "+
-		"restore from the replica or a backup (README: Outside writes, restores and replicas)",
-		"db", s.file.path, "err", se.err.Error())
-	return true
-}
-
-// markIOFailed records, once, that a write or an fsync failed with an
-// I/O error, says what to do, and leaves the mark that makes the next
-// start check the file (tried again each second while it cannot be
-// written).
-func (s *petStore) markIOFailed(err error) {
-	se := &storageError{kind: faultIO, err: rootCause(err)}
-	s.file.markForCheck()
-	if !s.storage.ioFailed.CompareAndSwap(nil, se) {
-		return
-	}
-	then := "the next start checks the whole file (integrity_check) before it takes creates"
-	if !s.file.markedForCheck.Load() {
-		then = "the mark that makes the next start check the whole file could not be written (" + s.file.checkMark() +
-			"), so run sqlite3 " + s.file.path + " 'PRAGMA integrity_check' before you start it again"
-	}
-	s.log.Error("a write or an fsync failed with an I/O error: the kernel may have dropped pages it had taken, so creates are refused "+
-		"until a restart; check the storage (dmesg), then restart: "+then, "db", s.file.path, "err", se.err.Error())
-}
-
-// readFault classifies a read error: damage is recorded, another storage
-// fault goes to the fault log with the requests it refused, and either
-// comes back as a storageError for a 503; nil for other errors.
-func (s *petStore) readFault(err error, refused int) *storageError {
-	kind, ok := s.classify(err)
-	if !ok {
-		return nil
-	}
-	if kind == faultDamaged {
-		s.markDamaged(err.Error())
-	} else {
-		s.storage.faults.failed(kind, err, refused)
-	}
-	return &storageError{kind: kind, err: err}
-}
-
-// classify is classifyFault in the light of the storage: pages read back
-// from failing storage can look corrupt, and while an I/O fault is in
-// force, or while the file cannot be read at all, that is put down to the
-// storage, not recorded as damage to the file.
-func (s *petStore) classify(err error) (faultKind, bool) {
-	kind, ok := classifyFault(err)
-	if kind == faultDamaged {
-		if f := s.storage.faults.current(); f != nil && f.kind == faultIO || s.file.unreadable() {
-			return faultIO, true
-		}
-	}
-	return kind, ok
-}
-
-// readError is err from a read, as a storageError when the storage is at
-// fault.
-func (s *petStore) readError(err error) error {
-	if err == nil {
-		return nil
-	}
-	if se := s.readFault(err, 1); se != nil {
-		return se
-	}
-	return err
-}
-
-// quickCheck runs PRAGMA quick_check once, in the background so a large
-// file does not delay the start; damage it finds shows in /healthz.
-func (s *petStore) quickCheck() {
+// quickCheck runs PRAGMA quick_check on the writer's connection before
+// it takes its first create: a file damaged while the service was down
+// (a disk that failed, a crash after an I/O error) is served for reading
+// and refused for writing instead of being written on.
+func (s *petStore) quickCheck(w *batchWriter) {
 	var result string
-	err := s.readers.QueryRowContext(context.Background(), "PRAGMA quick_check(1)").Scan(&result)
+	err := w.conn.QueryRowContext(context.Background(), "PRAGMA quick_check(1)").Scan(&result)
+	if err == nil && result != "ok" {
+		err = &storageError{kind: faultDamaged, err: errors.New("quick_check: " + result)}
+	}
 	if err != nil {
-		if kind, ok := classifyFault(err); ok && kind == faultDamaged {
-			s.markDamaged(err.Error())
-		}
-		return
-	}
-	if result != "ok" {
-		s.markDamaged("quick_check: " + result)
-	}
-}
-
-// markDamaged records that the file is corrupt, and tells the operator
-// what to do, once.
-func (s *petStore) markDamaged(why string) {
-	if s.storage.damage.CompareAndSwap(nil, &why) {
-		s.log.Error("database file is damaged: stop the service, move the file and its -wal and -shm aside, and restore the latest backup (README: Backups and restore)",
-			"db", s.file.path, "damage", why)
+		s.storageFault(err)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -28,7 +27,7 @@ var (
 	diskFullBody = errBody(503, codeUnavailable, faultDiskFull.message())
 	readOnlyBody = errBody(503, codeUnavailable, faultReadOnly.message())
 	lockedBody   = errBody(503, codeUnavailable, faultLocked.message())
-	damagedBody  = errBody(503, codeUnavailable, faultDamaged.message())
+	damagedBody  = errBody(503, codeStorageDamaged, faultDamaged.message())
 	replacedBody = errBody(503, codeUnavailable, faultReplaced.message())
 )
 
@@ -96,7 +95,7 @@ func mountExt4(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(mkfs, "-q", img).CombinedOutput(); err != nil {
+	if out, err := exec.Command(mkfs, "-q", "-b", "4096", img).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v: %s", err, out)
 	}
 	mustMount(t, dir, exec.Command(mount, "-o", "loop", img, dir))
@@ -138,7 +137,11 @@ func fillDisk(t *testing.T, dir string) (free func()) {
 // after space is freed succeeds without a restart. A restart on the full
 // disk starts, serves reads and reports the full disk.
 func TestDiskFull(t *testing.T) {
-	dir := mountTmpfs(t, "4m")
+	t.Run("tmpfs", func(t *testing.T) { testDiskFull(t, mountTmpfs(t, "4m")) })
+	t.Run("ext4", func(t *testing.T) { testDiskFull(t, mountExt4(t)) })
+}
+
+func testDiskFull(t *testing.T, dir string) {
 	path := filepath.Join(dir, "pets.db")
 	srv, store, logs := newLoggedServer(t, path, storeOptions{})
 	acked := map[int64]bool{}
@@ -213,8 +216,13 @@ func TestDiskFull(t *testing.T) {
 	if got := walkCatalogue(t, func(p string) reply { return do(t, srv, call{method: "GET", path: p}) }); len(got) != len(acked) {
 		t.Errorf("after a restart on a full disk: %d pets listed, %d acknowledged", len(got), len(acked))
 	}
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
-	checkReply(t, create(), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+	// From its first answer, and for as long as creates are refused,
+	// /healthz says so (the tests run as root, whom ext4 lets use blocks
+	// it keeps from others).
+	for range 30 {
+		checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+		checkReply(t, create(), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+	}
 	free()
 	mustCreate()
 	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
@@ -228,6 +236,27 @@ func TestDiskFull(t *testing.T) {
 	}
 	if len(acked) != 0 {
 		t.Errorf("acknowledged pets missing from the file: %v", acked)
+	}
+}
+
+// TestDiskFullForOthersOnly fills an ext4 filesystem as another user, up
+// to the blocks ext4 keeps for root: the service, run as root as the
+// tests are, still stores pets there, and /healthz says so, from a real
+// write rather than a guess from the free space.
+func TestDiskFullForOthersOnly(t *testing.T) {
+	dir := mountExt4(t)
+	must(t, os.Chmod(filepath.Dir(dir), 0o755))
+	must(t, os.Chmod(dir, 0o1777))
+	dd := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(dir, "filler"), "bs=64k")
+	dd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if out, _ := dd.CombinedOutput(); !strings.Contains(string(out), "No space left on device") {
+		t.Fatalf("dd as nobody did not fill the disk: %s", out)
+	}
+	srv, _, _ := newLoggedServer(t, filepath.Join(dir, "pets.db"), storeOptions{})
+	for i := range 30 {
+		checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 201, nil,
+			fmt.Sprintf(`{"id":%d,"name":"Rex","categoryId":1,"status":"available"}`, i+1))
 	}
 }
 
@@ -300,12 +329,15 @@ func TestFailingStorage(t *testing.T) {
 	}
 	d.Close()
 	// An I/O error is not retried: refused until a restart.
-	ioBody := errBody(503, codeUnavailable, faultIO.message())
+	ioBody := errBody(503, codeStorageFailed, faultIO.message())
 	for range 200 {
 		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, ioBody)
 	}
 	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, ioBody)
-	if n := countLines(logs, `level=ERROR msg="a write or an fsync failed with an I/O error: [^"]*integrity_check`); n != 1 || countLines(logs, `level=ERROR`) != 1 {
+	// A pet the store cannot find may be one it cannot read: not a 404.
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/2"}), 503, map[string]string{"Retry-After": "60"}, ioBody)
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/1"}), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
+	if n := countLines(logs, `level=ERROR msg="a write or an fsync failed with an I/O error: [^"]*restart the service: SQLite recovers every acknowledged pet from the -wal`); n != 1 || countLines(logs, `level=ERROR`) != 1 {
 		t.Errorf("200 refused creates logged %d error lines, want the one that says to restart:\n%s", countLines(logs, `level=ERROR`), logs)
 	}
 	if n := countLines(logs, `msg="storage fault cleared"`); n != 0 {
@@ -326,40 +358,6 @@ func damagePage(t *testing.T, path string) {
 	garbage := []byte(strings.Repeat("\xde\xad\xbe\xef", 1024))
 	for page := int64(4); page*4096 < fi.Size()-4096; page += 7 {
 		f.WriteAt(garbage, page*4096)
-	}
-}
-
-// TestCheckAfterIOError starts on files that the last run left marked
-// after an I/O error: a sound file passes a full integrity_check before
-// creates are taken, and loses the mark; a damaged one is served for
-// reading, with creates refused.
-func TestCheckAfterIOError(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "pets.db")
-	preloadPets(t, path, 5000)
-	os.WriteFile(path+"-check", []byte("mark\n"), 0o600)
-	srv, s, logs := newLoggedServer(t, path, storeOptions{})
-	if n := countLines(logs, `level=INFO msg="the file passed the integrity_check the last run asked for \(after an I/O error or tampered files\); creates are taken"`); n != 1 {
-		t.Errorf("no line for the check:\n%s", logs)
-	}
-	if _, err := os.Stat(path + "-check"); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the mark is still there: %v", err)
-	}
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 201, nil, `{"id":5001,"name":"Rex","categoryId":1,"status":"available"}`)
-	srv.Close()
-	s.close()
-
-	// Damage a page of the pets table's index, and mark the file again.
-	damagePage(t, path)
-	os.WriteFile(path+"-check", []byte("mark\n"), 0o600)
-	srv, _, logs = newLoggedServer(t, path, storeOptions{})
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"},
-		errBody(503, codeUnavailable, faultDamaged.message()))
-	if n := countLines(logs, `level=ERROR msg="database file is damaged`); n != 1 {
-		t.Errorf("%d damage lines, want 1:\n%s", n, logs)
-	}
-	if _, err := os.Stat(path + "-check"); err != nil {
-		t.Errorf("the mark of a damaged file was removed: %v", err)
 	}
 }
 
@@ -453,62 +451,6 @@ func checkFaultEpisodes(t testing.TB, logs *syncBuffer, kind string, n int) {
 	}
 }
 
-// TestCheckFaultEpisodes holds checkFaultEpisodes to what it claims,
-// on the log lines of the real faultLog: both right sequences of a lock
-// fault pass, and a wrong count, a fault never cleared or another fault
-// fail.
-func TestCheckFaultEpisodes(t *testing.T) {
-	cause := errors.New("cause")
-	for _, tc := range []struct {
-		name string
-		log  func(f *faultLog)
-		ok   bool
-	}{
-		{"begun and cleared", func(f *faultLog) { f.failed(faultLocked, cause, 4); f.succeeded() }, true},
-		{"not answering meanwhile", func(f *faultLog) {
-			f.failed(faultLocked, cause, 4)
-			f.failed(faultNotAnswering, cause, 0)
-			f.succeeded()
-		}, true},
-		{"locked again after not answering", func(f *faultLog) {
-			f.failed(faultLocked, cause, 2)
-			f.failed(faultNotAnswering, cause, 0)
-			f.failed(faultLocked, cause, 2)
-			f.succeeded()
-		}, true},
-		{"3 refused", func(f *faultLog) { f.failed(faultLocked, cause, 3); f.succeeded() }, false},
-		{"never cleared", func(f *faultLog) { f.failed(faultLocked, cause, 4) }, false},
-		{"ends not answering", func(f *faultLog) { f.failed(faultLocked, cause, 4); f.failed(faultNotAnswering, cause, 0) }, false},
-		{"begins not answering", func(f *faultLog) {
-			f.failed(faultNotAnswering, cause, 0)
-			f.failed(faultLocked, cause, 4)
-			f.succeeded()
-		}, false},
-		{"another fault", func(f *faultLog) { f.failed(faultLocked, cause, 4); f.failed(faultDiskFull, cause, 0); f.succeeded() }, false},
-		{"nothing logged", func(f *faultLog) {}, false},
-	} {
-		logs := &syncBuffer{}
-		tc.log(&faultLog{log: newLogger(logs, "text", 0), path: "pets.db"})
-		r := &errorRecorder{TB: t}
-		checkFaultEpisodes(r, logs, "database locked", 4)
-		if (len(r.errors) == 0) != tc.ok {
-			t.Errorf("%s: checkFaultEpisodes reported %q on\n%s", tc.name, r.errors, logs)
-		}
-	}
-}
-
-// errorRecorder is a testing.TB whose Errorf records instead of failing.
-type errorRecorder struct {
-	testing.TB
-	errors []string
-}
-
-func (r *errorRecorder) Helper() {}
-
-func (r *errorRecorder) Errorf(format string, args ...any) {
-	r.errors = append(r.errors, fmt.Sprintf(format, args...))
-}
-
 // TestDamagedFile corrupts pages of a database file: the service starts,
 // its background quick_check finds the damage, /healthz answers 503 with
 // the reason, one error line says how to restore, and no request gets a
@@ -535,6 +477,8 @@ func TestDamagedFile(t *testing.T) {
 		}
 	}
 	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+	// A pet the store cannot find may be in the damaged pages: not a 404.
+	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/5001"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
 	t.Logf("damaged file: list pages answered %v", statuses)
 }
 
@@ -687,201 +631,26 @@ func TestReadOnlyMountAtStart(t *testing.T) {
 	}
 }
 
-// TestWALTamperedUnderTheService deletes or replaces the -wal file under
-// the binary while clients create, then kills the binary. (A -wal emptied
-// in place is detected the same way, but what follows is still open: it
-// loses the frames it held, and once in CI the service went away.) From the moment it can be seen, no create is answered 201:
-// creates get 503 storage_tampered, /healthz says so, and one ERROR line.
-// A -wal that was deleted or replaced is still the one SQLite holds open,
-// and is saved into the database file first: after the kill and a
-// restart, every acknowledged pet is there.
-func TestWALTamperedUnderTheService(t *testing.T) {
-	const walGone = `level=ERROR msg="the database's -wal or -shm file was deleted or replaced`
-	const changed = `level=ERROR msg="the database file or its -wal was changed under the running service by something other than SQLite`
-	for _, tt := range []struct {
-		name   string
-		tamper func(t *testing.T, db string, logs *syncBuffer)
-		logged string
-		// preload: pets in the file before the start, so a rebuild of the
-		// view takes a while.
-		preload int
-	}{
-		{"wal deleted", func(t *testing.T, db string, _ *syncBuffer) { must(t, os.Remove(db+"-wal")) }, walGone, 0},
-		{"wal replaced", func(t *testing.T, db string, _ *syncBuffer) {
-			must(t, os.WriteFile(db+"-wal.new", nil, 0o600))
-			must(t, os.Rename(db+"-wal.new", db+"-wal"))
-		}, walGone, 0},
-		{"shm deleted", func(t *testing.T, db string, _ *syncBuffer) { must(t, os.Remove(db+"-shm")) }, walGone, 0},
-		{"wal emptied in place", func(t *testing.T, db string, _ *syncBuffer) { must(t, os.Truncate(db+"-wal", 0)) }, changed, 0},
-		{"wal emptied in place while the view is rebuilt after an outside update", func(t *testing.T, db string, logs *syncBuffer) {
-			outside, err := sql.Open("sqlite3", db)
-			must(t, err)
-			_, err = outside.Exec("UPDATE pets SET status = 'sold' WHERE id = 7")
-			outside.Close()
-			must(t, err)
-			waitForLog(t, logs, `msg="in-memory view is rebuilt"`, 1)
-			must(t, os.Truncate(db+"-wal", 0))
-		}, changed + `[^\n]*saved_from="stale view"`, 500_000},
-		{"wal cut in half", func(t *testing.T, db string, _ *syncBuffer) {
-			fi, err := os.Stat(db + "-wal")
-			must(t, err)
-			must(t, os.Truncate(db+"-wal", fi.Size()/2))
-		}, changed, 0},
-		{"wal overwritten in place with an older copy of itself", func(t *testing.T, db string, _ *syncBuffer) {
-			older, err := os.ReadFile(db + "-wal")
-			must(t, err)
-			time.Sleep(300 * time.Millisecond) // more creates, so the copy is older
-			must(t, os.WriteFile(db+"-wal", older, 0o600))
-		}, changed, 0},
-		{"database overwritten in place with a raw copy of itself from before a checkpoint", func(t *testing.T, db string, _ *syncBuffer) {
-			older, err := os.ReadFile(db)
-			must(t, err)
-			before := checkpointRecord(t, db)
-			waitFor(t, patience, "the service to checkpoint", func() bool { return checkpointRecord(t, db) != before })
-			must(t, os.WriteFile(db, older, 0o600))
-		}, changed, 0},
-		{"database overwritten in place with an older backup", func(t *testing.T, db string, _ *syncBuffer) {
-			backup := filepath.Join(t.TempDir(), "older.db")
-			if out, err := exec.Command(petstoreBinary(t), "backup", "-db", db, backup).CombinedOutput(); err != nil {
-				t.Fatalf("backup: %v: %s", err, out)
-			}
-			time.Sleep(300 * time.Millisecond) // more creates, so the backup is older
-			cp := needTool(t, "cp", "coreutils")
-			if out, err := exec.Command(cp, backup, db).CombinedOutput(); err != nil {
-				t.Fatalf("cp: %v: %s", err, out)
-			}
-		}, changed, 0},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			db := filepath.Join(t.TempDir(), "pets.db")
-			if tt.preload > 0 {
-				preloadPets(t, db, tt.preload)
-			}
-			logs := &syncBuffer{}
-			base, cmd := startBinary(t, nil, []string{"-db", db}, logs)
-			if tt.preload > 0 {
-				waitForLog(t, logs, `msg="in-memory view loaded"`, 1)
-			}
-			var mu sync.Mutex
-			acked := map[int64]bool{}
-			tampered := false
-			ackedAfter := 0
-			stop := inLoops(t, 4, func() {
-				// A create sent before the fault was seen may have been
-				// committed before it, and its 201 still be on its way.
-				mu.Lock()
-				sentAfter := tampered
-				mu.Unlock()
-				r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				if r.status == 201 {
-					var p Pet
-					json.Unmarshal(r.body, &p)
-					acked[p.ID] = true
-					if sentAfter {
-						ackedAfter++
-					}
-				}
-			})
-			count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
-			waitFor(t, patience, "200 creates", func() bool { return count() >= 200 })
-			tt.tamper(t, db, logs)
-			waitFor(t, patience, "creates to be refused", func() bool {
-				return send(t, "POST", base+"/v1/pets", testKey, newPetBody).status == 503
-			})
-			mu.Lock()
-			tampered = true // from here on the fault is known: not one more 201
-			mu.Unlock()
-			time.Sleep(500 * time.Millisecond)
-			stop()
-			if ackedAfter != 0 {
-				t.Errorf("%d creates sent after the fault was seen (%s) were answered 201", ackedAfter, tt.name)
-			}
-			want := errBody(503, codeStorageTampered, faultTampered.message())
-			checkReply(t, send(t, "POST", base+"/v1/pets", testKey, newPetBody), 503, map[string]string{"Retry-After": "60"}, want)
-			checkReply(t, send(t, "GET", base+"/healthz", "", ""), 503, map[string]string{"Retry-After": "60"}, want)
-			if n := countLines(logs, tt.logged); n != 1 {
-				t.Errorf("%d ERROR lines, want 1:\n%s", n, logs)
-			}
-
-			cmd.Process.Kill()
-			cmd.Wait()
-			restart := &syncBuffer{}
-			base, _ = startBinary(t, nil, []string{"-db", db}, restart)
-			if tt.logged == changed {
-				// The files lost frames: the pets come back from the rescue.
-				for _, line := range []string{
-					`level=WARN msg="the last run found the files tampered with and saved its pets`,
-					`level=INFO msg="the file passed the integrity_check the last run asked for`,
-					`level=INFO msg="the pets saved when the files were tampered with are back`,
-				} {
-					// Written before the listening line, and copied on.
-					waitForLog(t, restart, line, 1)
-					if n := countLines(restart, line); n != 1 {
-						t.Errorf("%d lines %s, want 1:\n%s", n, line, restart)
-					}
-				}
-				if _, err := os.Stat(db + "-rescue"); !errors.Is(err, os.ErrNotExist) {
-					t.Errorf("the rescue file is still there after its pets were put back: %v", err)
-				}
-			}
-			if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 201 {
-				t.Errorf("a create after the restart: %d %s", r.status, r.body)
-			}
-			lost := 0
-			for id := range acked {
-				if r := send(t, "GET", base+fmt.Sprintf("/v1/pets/%d", id), testKey, ""); r.status != 200 || decodePet(t, r.body).Name != "Rex" {
-					lost++
-				}
-			}
-			if lost != 0 {
-				t.Errorf("%d of %d acknowledged pets lost after the kill", lost, len(acked))
-			}
-			t.Logf("-wal %s: %d creates acknowledged, all there after a SIGKILL and a restart", tt.name, len(acked))
-		})
-	}
-}
-
-// checkpointRecord reads what moves in the -shm when a checkpoint writes
-// the database file: the WAL's salts and the checkpoint record.
-func checkpointRecord(t *testing.T, db string) [16]byte {
-	t.Helper()
-	f, err := os.Open(db + "-shm")
-	must(t, err)
-	defer f.Close()
-	var state [16]byte
-	// Unreadable while a commit writes SQLite's index header.
-	waitFor(t, patience, "a readable -shm", func() bool {
-		var ok bool
-		state, _, ok = checkpointState(f)
-		return ok
-	})
-	return state
-}
-
 // TestThinVolumeRunsOut runs the binary on an ext4 image whose backing
 // store (a tmpfs) is smaller than the image, as a thin-provisioned volume
 // is: once the backing runs out, writes fail with I/O errors. From then
-// on no create is answered 201, also once the space comes back, and
-// after a SIGKILL, dropped caches and a file-system check, every
-// acknowledged pet is there.
+// on no create is answered 201, also once the space comes back; a pet the
+// store cannot find is a 503, not a 404; the process writes nothing more
+// to the files, SIGTERM included (strace watches); and after dropped
+// caches, a file-system check and a restart, every acknowledged pet is
+// there. The backing runs out early here (the image's own metadata takes
+// most of it): with some 30,000 pets written first, ext4 was seen to lose
+// pages of a checkpoint whose fsync had succeeded ("failed to convert
+// unwritten extents ... potential data loss" in dmesg), a loss no program
+// that trusts fsync survives (docs/operations.md: The operator contract).
 func TestThinVolumeRunsOut(t *testing.T) {
-	back := mountTmpfs(t, "8m")
+	back := mountTmpfs(t, "16m")
 	mkfs := needTool(t, "mkfs.ext4", "apt-get install e2fsprogs")
 	fsck := needTool(t, "e2fsck", "apt-get install e2fsprogs")
 	img := filepath.Join(back, "disk.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 64<<20); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(mkfs, "-q", img).CombinedOutput(); err != nil {
+	must(t, os.WriteFile(img, nil, 0o600))
+	must(t, os.Truncate(img, 512<<20))
+	if out, err := exec.Command(mkfs, "-q", "-b", "4096", img).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v: %s", err, out)
 	}
 	dir := t.TempDir()
@@ -891,24 +660,33 @@ func TestThinVolumeRunsOut(t *testing.T) {
 	db := filepath.Join(dir, "pets.db")
 	logs := &syncBuffer{}
 	base, cmd := startBinary(t, nil, []string{"-db", db}, logs)
+	var mu sync.Mutex
 	acked := map[int64]bool{}
-	refused := 0
-	name := strings.Repeat("n", 90)
-	for i := 0; refused < 20 && i < 100000; i++ {
-		r := send(t, "POST", base+"/v1/pets", testKey, fmt.Sprintf(`{"name":"%s %d","categoryId":1}`, name[:80], i))
+	refused, ackedAfter, n := 0, 0, 0
+	stop := inLoops(t, 16, func() {
+		mu.Lock()
+		n++
+		body, failing := fmt.Sprintf(`{"name":"%s %d","categoryId":1}`, strings.Repeat("n", 80), n), refused > 0
+		mu.Unlock()
+		r, err := trySend(t, "POST", base+"/v1/pets", testKey, body)
+		mu.Lock()
+		defer mu.Unlock()
 		switch {
-		case r.status == 201 && refused == 0:
-			var p Pet
-			json.Unmarshal(r.body, &p)
-			acked[p.ID] = true
+		case err != nil:
+			t.Error(err)
+		case r.status == 201 && failing:
+			ackedAfter++
 		case r.status == 201:
-			t.Fatalf("a create was answered 201 after %d were refused: %s", refused, r.body)
+			acked[decodePet(t, r.body).ID] = true
 		default:
 			refused++
 		}
-	}
-	if refused == 0 {
-		t.Fatal("the backing store never ran out")
+	})
+	waitFor(t, patience, "creates to be refused", func() bool { mu.Lock(); defer mu.Unlock(); return refused >= 20 })
+	stop()
+
+	if ackedAfter > 0 {
+		t.Errorf("%d creates sent after the first refusal were answered 201", ackedAfter)
 	}
 	waitForLog(t, logs, `level=ERROR msg="a write or an fsync failed with an I/O error`, 1)
 	// The space comes back: the pages the kernel dropped do not, so the
@@ -916,39 +694,51 @@ func TestThinVolumeRunsOut(t *testing.T) {
 	if out, err := exec.Command("mount", "-o", "remount,size=128m", back).CombinedOutput(); err != nil {
 		t.Fatalf("grow the backing store: %v: %s", err, out)
 	}
+	ioBody := errBody(503, codeStorageFailed, faultIO.message())
 	for range 20 {
-		if r := send(t, "POST", base+"/v1/pets", testKey, newPetBody); r.status != 503 {
-			t.Fatalf("a create after the space came back: %d %s, want 503 until a restart", r.status, r.body)
-		}
+		checkReply(t, send(t, "POST", base+"/v1/pets", testKey, newPetBody), 503, map[string]string{"Retry-After": "60"}, ioBody)
 	}
-	cmd.Process.Kill()
-	cmd.Wait()
+	checkReply(t, send(t, "GET", base+"/v1/pets/999999", testKey, ""), 503, map[string]string{"Retry-After": "60"}, ioBody)
+	// From the I/O error on, the process writes nothing more to the
+	// files: no commit, no checkpoint, and no close that checkpoints.
+	strace := needTool(t, "strace", "apt-get install strace")
+	trace := exec.Command(strace, "-f", "-y", "-e", "trace=write,pwrite64,pwritev,pwritev2,fsync,fdatasync,ftruncate", "-p", strconv.Itoa(cmd.Process.Pid))
+	traced := &syncBuffer{}
+	trace.Stderr = traced
+	must(t, trace.Start())
+	waitFor(t, patience, "strace to attach", func() bool { return strings.Contains(traced.String(), "attached") })
+	must(t, cmd.Process.Signal(syscall.SIGTERM))
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("the binary after SIGTERM: %v", err)
+	}
+	trace.Wait()
+	if writes := regexp.MustCompile(`(?m)^.*pets\.db.*$`).FindAllString(traced.String(), -1); len(writes) > 0 {
+		t.Errorf("%d writes, syncs or truncations of the files after the I/O error, the first: %s", len(writes), writes[0])
+	}
 	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0)
 	if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
 		t.Fatalf("umount: %v: %s", err, out)
 	}
 	exec.Command(fsck, "-fy", img).Run() // repairs what the aborted journal left; exit 1 means it did
 	mustMount(t, dir, exec.Command("mount", "-o", "loop", img, dir))
-	check, err := sql.Open("sqlite3", db)
-	if err != nil {
-		t.Fatal(err)
+	base, _ = startBinary(t, nil, []string{"-db", db}, nil)
+	unreadable := 0
+	for id := range acked {
+		if r := send(t, "GET", fmt.Sprintf("%s/v1/pets/%d", base, id), testKey, ""); r.status != 200 {
+			unreadable++
+		}
 	}
+	if unreadable != 0 {
+		t.Errorf("%d of %d acknowledged pets unreadable after the restart", unreadable, len(acked))
+	}
+	check, err := sql.Open("sqlite3", db)
+	must(t, err)
 	defer check.Close()
 	var result string
 	if err := check.QueryRow("PRAGMA integrity_check").Scan(&result); err != nil || result != "ok" {
-		t.Fatalf("integrity_check after the fault: %q %v", result, err)
+		t.Errorf("integrity_check after the fault: %q %v", result, err)
 	}
-	lost := 0
-	for id := range acked {
-		var n int
-		if err := check.QueryRow("SELECT count(*) FROM pets WHERE id = ?", id).Scan(&n); err != nil || n != 1 {
-			lost++
-		}
-	}
-	if lost != 0 {
-		t.Errorf("%d of %d acknowledged pets lost", lost, len(acked))
-	}
-	t.Logf("thin volume: %d creates acknowledged before the backing store ran out, %d refused after, 0 lost, integrity ok", len(acked), refused)
+	t.Logf("thin volume: %d creates acknowledged before the backing store ran out, %d refused after, SIGTERM, fsck, restart: 0 unreadable, integrity ok", len(acked), refused)
 }
 
 // TestHealthAnswersFromTheLatestCheck asks the binary's /healthz from 64
@@ -1023,50 +813,165 @@ func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 	t.Logf("%d checks of a healthy service, all 200; %d on a full disk in %s, all 503, with %d writes and fsyncs", requests, requests, took.Round(time.Millisecond), calls)
 }
 
-// TestRescueIntoADamagedFile: a start after tampering whose file fails
-// integrity_check still serves what can be read, refuses creates as
-// damaged, and keeps the rescue for the start after a restore, which puts
-// every saved pet back.
-func TestRescueIntoADamagedFile(t *testing.T) {
+// TestFilesRemovedUnderLoad removes or renames the database, its -wal or
+// its -shm under the binary while clients create, each with a name of its
+// own, then kills the binary and starts it again, as its ERROR line says
+// to. From the moment it is seen no create is answered 201; creates and
+// /healthz say why; and afterwards the names answered 201 are all in the
+// catalogue, those answered 503 none of them. Where the database went,
+// the line names the file every pet was saved to and the restore command
+// that puts them back, which the test runs.
+func TestFilesRemovedUnderLoad(t *testing.T) {
+	for _, tt := range []struct {
+		name, file string
+		rename     bool
+	}{
+		{"wal removed", "-wal", false},
+		{"wal renamed", "-wal", true},
+		{"shm removed", "-shm", false},
+		{"shm renamed", "-shm", true},
+		{"database removed", "", false},
+		{"database renamed", "", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			db := filepath.Join(t.TempDir(), "pets.db")
+			logs := &syncBuffer{}
+			base, cmd := startBinary(t, nil, []string{"-db", db}, logs)
+			var mu sync.Mutex
+			answers := map[string]int{} // name: status
+			seen, ackedAfter, sent := false, 0, 0
+			stop := inLoops(t, 4, func() {
+				mu.Lock()
+				sent++
+				name, sentAfter := fmt.Sprintf("Pet %d", sent), seen
+				mu.Unlock()
+				r, err := trySend(t, "POST", base+"/v1/pets", testKey, `{"name":"`+name+`","categoryId":1}`)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				answers[name] = r.status
+				if r.status == 201 && sentAfter {
+					ackedAfter++
+				}
+			})
+			count := func() int { mu.Lock(); defer mu.Unlock(); return len(answers) }
+			waitFor(t, patience, "1,000 creates", func() bool { return count() >= 1000 })
+			if tt.rename {
+				must(t, os.Rename(db+tt.file, db+tt.file+".moved"))
+			} else {
+				must(t, os.Remove(db+tt.file))
+			}
+			waitFor(t, patience, "creates to be refused", func() bool {
+				return send(t, "POST", base+"/v1/pets", testKey, `{"name":"Probe","categoryId":1}`).status == 503
+			})
+			mu.Lock()
+			seen = true // from here on the fault is known: not one more 201
+			mu.Unlock()
+			waitFor(t, patience, "200 more creates", func() bool { return count() >= 1200 })
+			stop()
+			if ackedAfter != 0 {
+				t.Errorf("%d creates sent after the fault was seen were answered 201", ackedAfter)
+			}
+			want := errBody(503, codeStorageTampered, faultTampered.message())
+			logged := `level=ERROR msg="a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; every pet is checkpointed into the database file: restart the service`
+			if tt.file == "" {
+				want = errBody(503, codeUnavailable, faultReplaced.message())
+				logged = `level=ERROR msg="a file SQLite holds open was deleted or replaced[^"]*every pet it holds is saved[^"]*" saved=(\S+) command="petstore restore -from (\S+) -db ` + regexp.QuoteMeta(db) + `"`
+			}
+			checkReply(t, send(t, "POST", base+"/v1/pets", testKey, newPetBody), 503, map[string]string{"Retry-After": "60"}, want)
+			checkReply(t, send(t, "GET", base+"/healthz", "", ""), 503, map[string]string{"Retry-After": "60"}, want)
+			waitForLog(t, logs, logged, 1)
+			if n := countLines(logs, `level=ERROR`); n != 1 {
+				t.Errorf("%d ERROR lines, want 1:\n%s", n, logs)
+			}
+
+			cmd.Process.Kill()
+			cmd.Wait()
+			if m := regexp.MustCompile(logged).FindStringSubmatch(logs.String()); tt.file == "" && m != nil {
+				out, err := exec.Command(petstoreBinary(t), "restore", "-from", m[2], "-db", db).CombinedOutput()
+				if err != nil || m[1] != m[2] {
+					t.Fatalf("the logged command: %v: %s (saved=%s)", err, out, m[1])
+				}
+			}
+			base, _ = startBinary(t, nil, []string{"-db", db}, nil)
+			stored := map[string]bool{}
+			for _, p := range walkCatalogue(t, func(path string) reply { return send(t, "GET", base+path, testKey, "") }) {
+				stored[p.Name] = true
+			}
+			acked, refused := 0, 0
+			for name, status := range answers {
+				switch {
+				case status == 201 && !stored[name]:
+					t.Errorf("%s was answered 201 and is gone", name)
+				case status != 201 && stored[name]:
+					t.Errorf("%s was answered %d and is stored", name, status)
+				case status == 201:
+					acked++
+				default:
+					refused++
+				}
+			}
+			t.Logf("%s under load: %d creates answered 201, all there after a SIGKILL and a restart; %d answered 503, none stored", tt.name, acked, refused)
+		})
+	}
+}
+
+// TestOperatorBesideTheService runs an operator's sqlite3 shell in a
+// loop beside creating clients: every checkpoint mode, .backup, VACUUM
+// INTO and reads. SQLite writes the files under the service as it is
+// meant to, so not one create is refused and nothing is logged above
+// INFO; every pet answered 201 is in the file.
+func TestOperatorBesideTheService(t *testing.T) {
+	sqlite3 := needTool(t, "sqlite3", "apt-get install sqlite3")
 	dir := t.TempDir()
-	path := filepath.Join(dir, "pets.db")
-	preloadPets(t, path, 5000)
-	backup := filepath.Join(dir, "backup.db")
-	if err := run(context.Background(), []string{"petstore", "backup", "-db", path, backup}, func(string) string { return "" }, io.Discard, io.Discard); err != nil {
-		t.Fatal(err)
+	db := filepath.Join(dir, "pets.db")
+	logs := &syncBuffer{}
+	base, _ := startBinary(t, nil, []string{"-db", db}, logs)
+	var mu sync.Mutex
+	answers := map[int]int{}
+	stop := inLoops(t, 4, func() {
+		r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		answers[r.status]++
+	})
+	for i := range 20 {
+		copy := filepath.Join(dir, fmt.Sprintf("copy-%d.db", i))
+		script := fmt.Sprintf(`.timeout 5000
+PRAGMA wal_checkpoint(PASSIVE);
+SELECT count(*) FROM pets;
+PRAGMA wal_checkpoint(FULL);
+.backup %s.backup
+PRAGMA wal_checkpoint(RESTART);
+VACUUM INTO '%s';
+PRAGMA wal_checkpoint(TRUNCATE);
+SELECT max(id) FROM pets;
+`, copy, copy)
+		cmd := exec.Command(sqlite3, db)
+		cmd.Stdin = strings.NewReader(script)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("sqlite3: %v: %s", err, out)
+		}
 	}
-	// What a run that found the files tampered with leaves: the rescue of
-	// its view, with a pet the backup lacks, and the check mark.
-	s, err := openStore(path, storeOptions{})
-	must(t, err)
-	waitFor(t, patience, "the view to load", func() bool { return s.view.published.Load() != nil })
-	c := *s.view.published.Load()
-	s.close()
-	must(t, func() error {
-		_, err := writeRescue(path+"-rescue", rescueSource{c: &c, extra: []Pet{{ID: 5001, Name: "Saved", CategoryID: 2, Status: "sold"}}, from: rescueFromView})
-		return err
-	}())
-	must(t, os.WriteFile(path+"-check", []byte("mark\n"), 0o600))
-	damagePage(t, path)
-
-	srv, s, logs := newLoggedServer(t, path, storeOptions{})
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"},
-		errBody(503, codeUnavailable, faultDamaged.message()))
-	if _, err := os.Stat(path + "-rescue"); err != nil {
-		t.Errorf("the rescue is gone while the file is damaged: %v", err)
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if answers[201] == 0 || len(answers) != 1 {
+		t.Errorf("creates beside the operator were answered %v, want only 201", answers)
 	}
-	if n := countLines(logs, `msg="the pets saved when the files were tampered with are back`); n != 0 {
-		t.Errorf("pets were put back into a damaged file:\n%s", logs)
+	if n := countLines(logs, "level=(WARN|ERROR)"); n != 0 {
+		t.Errorf("%d WARN or ERROR lines:\n%s", n, logs)
 	}
-	s.close()
-
-	if err := run(context.Background(), []string{"petstore", "restore", "-from", backup, "-db", path}, func(string) string { return "" }, io.Discard, io.Discard); err != nil {
-		t.Fatal(err)
+	stored := len(walkCatalogue(t, func(path string) reply { return send(t, "GET", base+path, testKey, "") }))
+	if stored != answers[201] {
+		t.Errorf("%d pets answered 201, %d stored", answers[201], stored)
 	}
-	srv, _, logs = newLoggedServer(t, path, storeOptions{})
-	waitForLog(t, logs, `msg="the pets saved when the files were tampered with are back[^\n]*saved=5001 saved_from=view put_back=1`, 1)
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/5001"}), 200, nil, `{"id":5001,"name":"Saved","categoryId":2,"status":"sold"}`)
-	if _, err := os.Stat(path + "-rescue"); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the rescue is still there after its pets were put back: %v", err)
-	}
+	t.Logf("beside 20 rounds of an operator's checkpoints, .backup, VACUUM INTO and reads: %d creates, all 201, all stored", answers[201])
 }

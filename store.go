@@ -20,11 +20,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
+	"sync/atomic"
 
 	"github.com/mattn/go-sqlite3"
 	// also registers the "sqlite3" driver
 )
+
 
 var (
 	// errNotFound: no pet has the requested id.
@@ -150,9 +151,19 @@ type petStore struct {
 	getStmt, listStmt *sql.Stmt
 	listByStatusStmts [3]*sql.Stmt
 
-	view    view        // lists and gets from memory (view.go)
-	storage storeHealth // what is wrong with the storage (faults.go)
-	queue   writeQueue  // creates on their way to the writer (writer.go)
+	view  view       // lists and gets from memory (view.go)
+	queue writeQueue // creates on their way to the writer (writer.go)
+
+	// What is wrong with the storage (faults.go): a fault that lasts until
+	// a restart, the passing fault in force, when the commit under way
+	// began (0 between commits), and the latest health read.
+	lasting     atomic.Pointer[storageError]
+	faults      faultLog
+	commitStart atomic.Int64
+	pinging     atomic.Bool
+	pinged      atomic.Pointer[error]
+	stopWatch   chan struct{}
+	watchDone   chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -221,64 +232,43 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	setAside, err := setAsideTampered(file)
-	if err != nil {
-		file.close()
-		return nil, fmt.Errorf("open database %s: %w", path, err)
-	}
-	if setAside != "" {
-		opts.log.Warn("the last run found the files tampered with and saved its pets: the -wal it left is set aside, and the database file is opened as of its last checkpoint",
-			"db", path, "set_aside", setAside)
-	}
-
-	due, err := inspect(path)
-	if err != nil {
-		file.close()
-		if file.readOnly.Load() {
-			var sqliteErr sqlite3.Error
-			if errors.As(err, &sqliteErr) {
-				err = readOnlyStartError(path, err)
+	var writer, readers *sql.DB
+	fail := func(err error) (*petStore, error) {
+		for _, db := range []*sql.DB{readers, writer} {
+			if db != nil {
+				db.Close()
 			}
+		}
+		file.close()
+		var sqliteErr sqlite3.Error
+		if file.readOnly.Load() && errors.As(err, &sqliteErr) {
+			err = readOnlyStartError(path, err)
 		}
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-
+	due, err := inspect(path)
+	if err != nil {
+		return fail(err)
+	}
 	// _txlock=immediate: a write transaction takes the write lock when it
 	// begins, so it never has to be retried after reading.
-	writer, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
-	if err != nil {
-		file.close()
-		return nil, fmt.Errorf("open database %s: %w", path, err)
+	if writer, err = sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate")); err != nil {
+		return fail(err)
 	}
 	writer.SetMaxOpenConns(1)
 	writer.SetConnMaxIdleTime(0)
 	writer.SetConnMaxLifetime(0)
-
-	readers, err := sql.Open(sqliteDriver, sqliteDSN(path, "_query_only=on"))
-	if err != nil {
-		writer.Close()
-		file.close()
-		return nil, fmt.Errorf("open database %s: %w", path, err)
+	if readers, err = sql.Open(sqliteDriver, sqliteDSN(path, "_query_only=on")); err != nil {
+		return fail(err)
 	}
 	n := readerConns()
 	readers.SetMaxOpenConns(n)
 	readers.SetMaxIdleConns(n)
 
 	s := &petStore{file: file, writer: writer, readers: readers, log: opts.log,
-		view: view{loaded: make(chan loadedView, 1)},
-		storage: storeHealth{faults: &faultLog{log: opts.log, path: path}, recheck: make(chan struct{}, 1),
-			stopWatch: make(chan struct{}), watchDone: make(chan struct{})},
-		queue: writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan error),
-			loopDone: make(chan struct{})}}
-	fail := func(err error) (*petStore, error) {
-		readers.Close()
-		writer.Close()
-		file.close()
-		if file.readOnly.Load() {
-			err = readOnlyStartError(path, err)
-		}
-		return nil, fmt.Errorf("open database %s: %w", path, err)
-	}
+		view:   view{loaded: make(chan loadedView, 1)},
+		queue:  writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan struct{}), loopDone: make(chan struct{})},
+		faults: faultLog{log: opts.log, path: path}, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
 	if due {
 		if err := s.migrate(); err != nil {
 			return fail(err)
@@ -301,30 +291,17 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	if err := openAll(readers, n); err != nil {
 		return fail(err)
 	}
-	file.noteWAL()
-	if err := s.checkAfterIOError(); err != nil {
-		return fail(err)
-	}
-	if s.storage.damage.Load() == nil {
-		if err := s.putBackRescued(); err != nil {
-			return fail(err)
-		}
-	}
-	// A file found damaged is still served for what can be read; creates
-	// are refused, so the highest id does not matter.
-	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil && s.storage.damage.Load() == nil {
+	file.noteOpened()
+	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
 		return fail(err)
 	}
 	w, err := newBatchWriter(writer)
 	if err != nil {
 		return fail(err)
 	}
-	// Set before the loops run: each may begin or end a fault.
-	s.storage.faults.changed = s.faultChanged
 	go s.writeLoop(w)
-	s.checkHealthNow()
-	go s.watchHealth(s.storage.stopWatch, s.storage.watchDone)
-	go s.quickCheck()
+	s.checkHealth()
+	go s.watchHealth(s.stopWatch, s.watchDone)
 	return s, nil
 }
 
@@ -341,31 +318,6 @@ func readOnlyStartError(path string, err error) error {
 	}
 	return fmt.Errorf("the database file or its filesystem is read-only, and to open it SQLite must %s (%v): "+
 		"make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)", need, err)
-}
-
-// checkAfterIOError runs a full integrity_check when the last run left
-// the check mark after an I/O error, before the writer takes a create: a
-// file found damaged is served for reading, creates refused; a sound one
-// loses the mark.
-func (s *petStore) checkAfterIOError() error {
-	if _, err := os.Stat(s.file.checkMark()); err != nil {
-		return nil
-	}
-	start := time.Now()
-	var result string
-	if err := s.readers.QueryRow("PRAGMA integrity_check(1)").Scan(&result); err != nil {
-		if kind, ok := classifyFault(err); !ok || kind != faultDamaged {
-			return fmt.Errorf("integrity_check the last run asked for: %w", err)
-		}
-		result = err.Error()
-	}
-	if result != "ok" {
-		s.markDamaged("integrity_check the last run asked for: " + result)
-		return nil
-	}
-	s.log.Info("the file passed the integrity_check the last run asked for (after an I/O error or tampered files); creates are taken",
-		"db", s.file.path, "took", time.Since(start).Round(time.Millisecond).String())
-	return os.Remove(s.file.checkMark())
 }
 
 // readHeader reads the 100-byte header of a SQLite file.
@@ -516,18 +468,20 @@ func (s *petStore) close() error {
 		s.queue.closed = true
 		close(s.queue.writes)
 		s.queue.mu.Unlock()
-		close(s.storage.stopWatch)
-		<-s.storage.watchDone
-		s.storage.checked.Store(&healthCheck{err: &storageError{kind: faultNotAnswering, err: errors.New("the store is closed")}})
+		close(s.stopWatch)
+		<-s.watchDone
 		<-s.queue.loopDone
 		s.view.published.Store(nil) // a closed store answers nothing
-		// The lock's descriptor goes last: closing it releases SQLite's
-		// POSIX locks on the file too. Files that lost frames are not
-		// closed through SQLite, whose last close would checkpoint what is
-		// left of the -wal into the file: the process's exit lets go.
-		if !s.storage.framesLost.Load() {
+		closed := error(&storageError{kind: faultNotAnswering, err: errClosed})
+		s.pinged.Store(&closed)
+		// After an I/O error the files are not closed through SQLite,
+		// whose last close checkpoints: the process's exit lets go, and
+		// the next start recovers from the -wal (see storageFault).
+		if f := s.lasting.Load(); f == nil || f.kind != faultIO {
 			s.closeErr = errors.Join(s.readers.Close(), s.writer.Close())
 		}
+		// The lock's descriptor goes last: closing it releases SQLite's
+		// POSIX locks on the file too.
 		s.file.close()
 	})
 	return s.closeErr
@@ -546,26 +500,31 @@ type petRow struct {
 
 // getPet calls fn with the pet with the given id, or returns errNotFound.
 func (s *petStore) getPet(ctx context.Context, id int64, fn func(*petRow)) error {
-	if c := s.view.published.Load(); c != nil {
-		if !c.get(id, fn) {
-			return errNotFound
-		}
-		return nil
+	var err error
+	if c := s.view.published.Load(); c == nil {
+		err = s.getPetFromSQLite(ctx, id, fn)
+	} else if !c.get(id, fn) {
+		err = errNotFound
 	}
-	return s.getPetFromSQLite(ctx, id, fn)
+	// A file known to be unreadable or to have lost pets may hold the pet
+	// it did not give: that is no answer to give a client as a 404.
+	if f := s.lasting.Load(); errors.Is(err, errNotFound) && f != nil && f.kind.hidesPets() {
+		return f
+	}
+	return err
 }
 
 // getPetFromSQLite is getPet read from the file.
 func (s *petStore) getPetFromSQLite(ctx context.Context, id int64, fn func(*petRow)) error {
 	rows, err := s.getStmt.QueryContext(boundedRead(ctx), id)
 	if err != nil {
-		return s.readError(err)
+		return s.storageFault(err)
 	}
 	n, err := scanRows(rows, 1, fn)
 	if err == nil && n == 0 {
 		return errNotFound
 	}
-	return s.readError(err)
+	return s.storageFault(err)
 }
 
 // petFilter selects a page of the catalogue: pets with an id above after,
@@ -593,10 +552,10 @@ func (s *petStore) listPetsFromSQLite(ctx context.Context, f petFilter, fn func(
 	}
 	rows, err := stmt.QueryContext(boundedRead(ctx), f.after)
 	if err != nil {
-		return s.readError(err)
+		return s.storageFault(err)
 	}
 	_, err = scanRows(rows, f.limit, fn)
-	return s.readError(err)
+	return s.storageFault(err)
 }
 
 // boundedRead detaches a read from the request's cancellation. The reads

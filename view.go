@@ -165,12 +165,6 @@ type view struct {
 	lastFailure     string    // why, so a failure that stays is logged once
 	loads           int       // loads so far, the first included, for the log
 
-	// stale is the master as it was when it was last dropped for a
-	// rebuild, and unviewed the pets acknowledged while there was no
-	// master: together, what a rescue saves then (rescue.go).
-	stale    *catalogue
-	unviewed []Pet
-
 	// highWater is the highest id the file has held while the service
 	// ran: at start, or acknowledged since. A file whose ids no longer
 	// reach it went back (see checkWentBack).
@@ -280,29 +274,17 @@ func (v *view) add(pets []Pet) bool {
 		status := statusIndex(p.Status)
 		if status < 0 || !v.master.add(p.ID, name, p.CategoryID, status) {
 			v.published.Store(nil)
-			v.stale, v.master = v.master, nil
+			v.master = nil
 			return false
 		}
 	}
 	if cap(v.master.ids) != grown {
 		v.limitMemory()
 	}
+	v.known.inserted += int64(len(pets))
 	v.publish()
 	return true
 }
-
-// keepUnviewed keeps pets acknowledged while there is no master, for a
-// rescue, up to maxUnviewed: a view that cannot be loaded at all must not
-// grow memory without end (the oldest go first).
-func (v *view) keepUnviewed(pets []Pet) {
-	v.unviewed = append(v.unviewed, pets...)
-	if len(v.unviewed) > maxUnviewed {
-		v.unviewed = slices.Clone(v.unviewed[len(v.unviewed)-maxUnviewed/2:])
-	}
-}
-
-// maxUnviewed bounds the pets kept while there is no view: some 100 MiB.
-const maxUnviewed = 1 << 20
 
 // lastID is the highest id in the master, 0 when it is empty.
 func (c *catalogue) lastID() int64 {
@@ -336,9 +318,6 @@ const maxCaughtUp = 4096
 func (s *petStore) startLoad(why string) {
 	v := &s.view
 	v.published.Store(nil)
-	if v.master != nil {
-		v.stale = v.master
-	}
 	v.master = nil
 	if v.loading {
 		v.reload = true
@@ -379,9 +358,7 @@ func (s *petStore) landLoad(w *batchWriter, l loadedView) {
 	}
 	if l.err != nil {
 		v.failedAt = time.Now()
-		if kind, ok := s.classify(l.err); ok && kind == faultDamaged {
-			s.markDamaged(l.err.Error())
-		}
+		s.storageFault(l.err)
 		// Tried again every 10 s; said again only when the cause changes.
 		if msg := l.err.Error(); msg != v.lastFailure {
 			v.lastFailure = msg
@@ -398,7 +375,6 @@ func (s *petStore) landLoad(w *batchWriter, l loadedView) {
 		return // the file changed in a way that needs another load
 	}
 	v.publish()
-	v.stale, v.unviewed = nil, nil
 	v.limitMemory()
 	s.log.Info("in-memory view loaded", "pets", len(v.master.ids), "bytes", v.master.bytes(),
 		"took", l.took.Round(time.Millisecond).String())
@@ -409,7 +385,7 @@ func (s *petStore) landLoad(w *batchWriter, l loadedView) {
 // at most limit appended rows.
 func (s *petStore) syncView(w *batchWriter, limit int) {
 	if err := w.inReadTx(func() error { return s.catchUp(w, limit) }); err != nil {
-		if _, ok := s.classify(err); !ok && s.storage.wentBack.Load() == nil {
+		if _, ok := classifyFault(err); !ok {
 			s.log.Warn("in-memory view could not be brought up to date; it is rebuilt", "err", err.Error(), "db", s.file.path)
 		}
 		s.startLoad(whyUnsound)
@@ -427,7 +403,7 @@ func (s *petStore) catchUp(w *batchWriter, limit int) error {
 	v := &s.view
 	cur, err := w.changeCount()
 	if err != nil {
-		if _, ok := s.classify(err); ok {
+		if _, ok := classifyFault(err); ok {
 			return err
 		}
 		cur = changeCount{-1, -1} // no count: an older copy of the file, say
@@ -461,8 +437,8 @@ func (s *petStore) catchUp(w *batchWriter, limit int) error {
 // ids already acknowledged for other pets. Pets deleted by hand do not
 // count: AUTOINCREMENT never hands their ids out again.
 func (s *petStore) checkWentBack(w *batchWriter) error {
-	if r := s.storage.wentBack.Load(); r != nil {
-		return r
+	if f := s.lasting.Load(); f != nil && f.kind == faultWentBack {
+		return f
 	}
 	top, err := w.topID()
 	if err != nil || top >= s.view.highWater {
@@ -476,11 +452,8 @@ func (s *petStore) checkWentBack(w *batchWriter) error {
 		n, lo, hi = c.countAbove(top)
 	}
 	se := &storageError{kind: faultWentBack, err: fmt.Errorf("the file's highest id is %d, but the service held pets up to id %d", top, s.view.highWater)}
-	if s.storage.wentBack.CompareAndSwap(nil, se) {
-		s.log.Error("the database file went back: it no longer holds pets the service stored, so creates are refused until a restart; "+
-			"if the older file is what you meant to serve, restart the service, which serves it and issues ids above every id in it; "+
-			"otherwise stop the service and put the newer file back (README: Outside writes and restores)",
-			"missing_pets", n, "missing_ids", fmt.Sprintf("%d-%d", lo, hi), "file_top_id", top, "db", s.file.path)
-	}
-	return se
+	return s.lastingFault(se, "the database file went back: it no longer holds pets the service stored, so creates are refused until a restart; "+
+		"if the older file is what you meant to serve, restart the service, which serves it and issues ids above every id in it; "+
+		"otherwise stop the service and put the newer file back (docs/operations.md: Outside writes, restores and replicas)",
+		"missing_pets", n, "missing_ids", fmt.Sprintf("%d-%d", lo, hi), "file_top_id", top)
 }

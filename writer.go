@@ -1,6 +1,7 @@
 // The writer: creates queue for one goroutine that owns the one writer
 // connection and commits whatever is queued in one transaction and one
-// fsync (group commit). A 201 is sent only after its commit.
+// fsync (group commit). A 201 is sent only after its commit, and after
+// the files it went to are seen still at their paths.
 
 package main
 
@@ -12,7 +13,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,9 +36,9 @@ type writeQueue struct {
 	mu       sync.RWMutex
 	closed   bool
 	loopDone chan struct{}
-	// probes asks the writer loop for a write that changes nothing, to
-	// learn whether a pet can be stored.
-	probes chan chan error
+	// probes asks the writer loop for a write that stores nothing, to
+	// learn whether a pet can be stored (see probeWrite).
+	probes chan chan struct{}
 }
 
 // createRequest is one create: the pet and, when the client sent one, its
@@ -98,39 +99,32 @@ type writeResult struct {
 // replayed true; used for another request, errIdempotencyKeyReused.
 func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, error) {
 	w := &writeRequest{ctx: ctx, req: c, done: make(chan writeResult, 1)}
-	s.queue.mu.RLock()
-	if s.queue.closed {
-		s.queue.mu.RUnlock()
-		return Pet{}, false, errClosed
-	}
 	var expired <-chan time.Time // never, without a deadline
 	if !c.deadline.IsZero() {
 		timer := time.NewTimer(time.Until(c.deadline))
 		defer timer.Stop()
 		expired = timer.C
 	}
+	s.queue.mu.RLock()
+	if s.queue.closed {
+		s.queue.mu.RUnlock()
+		return Pet{}, false, errClosed
+	}
 	select {
 	case s.queue.writes <- w:
 		s.queue.mu.RUnlock()
-	default:
-		// The queue is full: wait, but not past the deadline.
-		select {
-		case s.queue.writes <- w:
-			s.queue.mu.RUnlock()
-		case <-ctx.Done():
-			s.queue.mu.RUnlock()
-			return Pet{}, false, ctx.Err()
-		case <-expired:
-			s.queue.mu.RUnlock()
-			return Pet{}, false, errTimedOut
-		}
+	case <-ctx.Done():
+		s.queue.mu.RUnlock()
+		return Pet{}, false, ctx.Err()
+	case <-expired:
+		s.queue.mu.RUnlock()
+		return Pet{}, false, errTimedOut
 	}
 	// Once queued, wait for the outcome even if the client has gone: the
 	// row may be committed, and the answer must say what happened. At the
 	// deadline, a create the writer has not taken yet is given up, and so
-	// never stored; one it has taken is answered within the deadline
-	// (its lock wait is bounded by it) or, if its commit is slow, late,
-	// with its outcome.
+	// never stored; one it has taken is answered with its outcome,
+	// however late.
 	select {
 	case r := <-w.done:
 		return r.pet, r.replayed, r.err
@@ -146,18 +140,24 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 	}
 }
 
+// checkpointEvery is how many commits the writer lets into the WAL
+// before it checkpoints them into the database file, about SQLite's own
+// 1,000 pages.
+const checkpointEvery = 200
+
 // writeLoop owns the writer connection. It takes whatever creates are
 // queued, up to maxBatch, and commits them in one transaction with one
 // fsync. It never waits for company: a lone create is committed at once,
 // and creates that arrive meanwhile queue for the next batch, which is
-// how batches form under load. Once a second it also bounds the WAL and,
-// while a storage fault is in force, tries a write to see it clear.
+// how batches form under load. Once a second it also looks at the files,
+// checkpoints, and while a storage fault is in force tries a write to see
+// it clear.
 func (s *petStore) writeLoop(w *batchWriter) {
 	defer close(s.queue.loopDone)
 	defer func() { w.close() }()
-	// The view loads in the background; creates are taken at once, and
-	// reads go to SQLite until it is ready, so a large file answers at
-	// once too.
+	s.quickCheck(w)
+	// The view loads in the background; reads go to SQLite until it is
+	// ready, so a large file answers at once too.
 	s.startLoad(whyStart)
 	defer func() {
 		if s.view.loading {
@@ -191,7 +191,8 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			}
 			s.commit(w, batch)
 		case done := <-s.queue.probes:
-			done <- s.probeWrite(&w)
+			s.probeWrite(&w)
+			done <- struct{}{}
 		case l := <-s.view.loaded:
 			s.landLoad(w, l)
 		case <-watch.C:
@@ -203,133 +204,132 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			}
 		case <-tick.C:
 			// Also when idle, a file deleted or replaced under the service
-			// is seen within a second.
-			s.checkFile(w)
-			if s.storage.faults.current() != nil || s.storage.replaced.Load() != nil {
+			// is seen, and saved, within a second.
+			switch which := s.file.vanished(); {
+			case s.lasting.Load() != nil:
+			case which != "":
+				s.saveVanished(w, which)
+			case s.faults.current() != nil:
 				s.probeWrite(&w)
-			}
-			if !s.storage.framesLost.Load() && s.storage.replaced.Load() == nil {
-				s.boundWAL(w, walLimit)
+			case w.commits > 0:
+				s.checkpoint(w)
 			}
 		}
 	}
 }
 
-// commit stores a batch and answers every request in it. Before and after
-// the commit it checks that the path still names the opened file: a 201
-// is never sent for a pet that a restart would not find. A storage fault
-// refuses the whole batch with a storageError and is logged once, by the
-// fault log, not per request.
+// commit stores a batch and answers every request in it. A storage fault
+// refuses the whole batch with a storageError and is logged once, not per
+// request.
 func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	refuse := func(err error) {
-		kind, _ := classifyFault(err)
-		// Faults that last until a restart are logged once, when marked.
-		if kind != faultReplaced && kind != faultTampered && kind != faultDamaged && kind != faultWentBack && (kind != faultIO || s.storage.ioFailed.Load() == nil) {
-			s.storage.faults.failed(kind, err, len(batch))
-		}
 		for _, r := range batch {
 			r.done <- writeResult{err: err}
 		}
 	}
-	if err := s.checkFile(w); err != nil {
-		refuse(err)
+	if f := s.lasting.Load(); f != nil {
+		refuse(f)
 		return
 	}
-	if d := s.storage.damage.Load(); d != nil {
-		refuse(&storageError{kind: faultDamaged, err: errors.New(*d)})
-		return
-	}
-	if r := s.storage.wentBack.Load(); r != nil {
-		refuse(r)
-		return
-	}
-	if r := s.storage.ioFailed.Load(); r != nil {
-		s.file.markForCheck()
-		refuse(r)
+	if which := s.file.vanished(); which != "" {
+		s.saveVanished(w, which)
+		refuse(s.lasting.Load())
 		return
 	}
 	start := time.Now()
-	s.storage.commitStart.Store(start.UnixNano())
+	s.commitStart.Store(start.UnixNano())
 	stalled := time.AfterFunc(stalledCommit, func() {
 		s.log.Warn("a commit is waiting on the storage: its creates are answered when it ends", "waited", stalledCommit.String(), "creates", len(batch), "db", s.file.path)
 	})
 	// Inside the transaction, before its inserts: the view catches up
 	// with any outside change, and a file that went back is refused.
 	results, err := w.commit(batch, func() error { return s.catchUp(w, maxCaughtUp) }, s.view.highWater)
-	s.storage.commitStart.Store(0)
+	s.commitStart.Store(0)
 	if !stalled.Stop() {
 		s.log.Warn("the stalled commit ended", "took", time.Since(start).Round(time.Millisecond).String(), "committed", err == nil, "db", s.file.path)
 	}
 	if err == nil {
-		if err := s.checkFile(w); err != nil {
-			// Committed, but to a file no longer at the path.
-			refuse(err)
+		// A file removed or replaced during the commit: the batch is
+		// acknowledged only if it is in the file the log names.
+		if which := s.file.vanished(); which != "" && !s.saveVanished(w, which) {
+			refuse(s.lasting.Load())
 			return
 		}
-		// The view learns of the new pets before their clients do, so a
-		// client reads its own writes.
-		added := make([]Pet, 0, len(batch))
-		for _, r := range results {
-			if r.err == nil && !r.replayed {
-				added = append(added, r.pet)
-				s.view.highWater = max(s.view.highWater, r.pet.ID)
-			}
-		}
-		if len(added) > 0 {
-			// Only a commit that wrote shows the storage takes writes: one
-			// whose every request had expired wrote nothing.
-			s.storage.faults.succeeded()
-		}
-		switch {
-		case s.view.master == nil:
-			s.view.keepUnviewed(added)
-		case s.view.add(added):
-			s.view.known.inserted += int64(len(added))
-		default:
-			s.view.keepUnviewed(added)
-			s.startLoad(whyUnsound)
-		}
-		for i, r := range batch {
-			r.done <- results[i]
-		}
+		s.committed(w, batch, results)
 		return
 	}
-	if kind, ok := s.classify(err); ok {
-		switch kind {
-		case faultDamaged:
-			s.markDamaged(err.Error())
-		case faultIO:
-			s.markIOFailed(err)
-		}
-		refuse(&storageError{kind: kind, err: rootCause(err)})
-		return
-	}
-	if errors.Is(err, errIDNotNew) {
+	var se *storageError
+	switch {
+	case errors.As(s.storageFault(err), &se) && se.kind < faultIO:
+		s.faults.failed(se.kind, err, len(batch))
+		refuse(se)
+	case se != nil:
+		refuse(se)
+	case errors.Is(err, errIDNotNew):
 		// The transaction is rolled back: the file went back between the
 		// check and the insert.
-		s.checkWentBack(w)
+		if wentBack := s.checkWentBack(w); wentBack != nil {
+			err = wentBack
+		}
 		refuse(&storageError{kind: faultWentBack, err: err})
-		return
-	}
-	if len(batch) > 1 {
+	case len(batch) > 1:
 		// One bad request must not fail its neighbours: the transaction is
 		// rolled back, so commit each on its own and let only the culprit
 		// fail.
 		for _, r := range batch {
 			s.commit(w, []*writeRequest{r})
 		}
-		return
+	default:
+		var refusal sqlite3.Error
+		if errors.As(err, &refusal) && refusal.Code == sqlite3.ErrConstraint {
+			err = &refusedError{cause: refusal.Error()}
+		}
+		batch[0].done <- writeResult{err: err}
 	}
-	var refusal sqlite3.Error
-	if errors.As(err, &refusal) && refusal.Code == sqlite3.ErrConstraint {
-		err = &refusedError{cause: refusal.Error()}
-	}
-	batch[0].done <- writeResult{err: err}
 }
 
-// stalledCommit is how long a commit may wait on the storage (a frozen
-// filesystem, a stalled disk) before the log says so.
-const stalledCommit = 5 * time.Second
+// committed answers a batch that was committed. The view learns of the
+// new pets before their clients do, so a client reads its own writes.
+func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []writeResult) {
+	added := make([]Pet, 0, len(batch))
+	for _, r := range results {
+		if r.err == nil && !r.replayed {
+			added = append(added, r.pet)
+			s.view.highWater = max(s.view.highWater, r.pet.ID)
+		}
+	}
+	if len(added) > 0 {
+		// Only a commit that wrote shows the storage takes writes: one
+		// whose every request had expired wrote nothing.
+		s.faults.succeeded()
+		w.commits++
+	}
+	if s.view.master != nil && !s.view.add(added) {
+		s.startLoad(whyUnsound)
+	}
+	for i, r := range batch {
+		r.done <- results[i]
+	}
+	if w.commits >= checkpointEvery {
+		s.checkpoint(w)
+	}
+}
+
+// checkpoint copies the committed pages into the database file. The
+// writer connection checkpoints only here, never automatically inside a
+// commit, where SQLite ignores a failed checkpoint: after one failed
+// fsync, a later one may report success for pages the kernel dropped,
+// and the WAL would then be started over with its frames lost. So a
+// checkpoint that fails with an I/O error is a lasting fault (see
+// storageFault), and none follows it.
+func (s *petStore) checkpoint(w *batchWriter) {
+	w.commits = 0 // one held back by a reader is tried again later
+	if err := w.checkpoint("PASSIVE"); err != nil {
+		if _, ok := classifyFault(err); ok {
+			s.storageFault(err)
+		}
+	}
+}
 
 // refusedError is a create SQLite refused by a rule the service does not
 // know of: an operator's trigger or constraint. It names the rule's
@@ -338,76 +338,45 @@ type refusedError struct{ cause string }
 
 func (e *refusedError) Error() string { return "the database refused this pet: " + e.cause }
 
-// checkFile returns an error once the path no longer names the opened
-// file. The first time, the writer empties the WAL, which is still this
-// file's: left with frames, it could be paired with the new file at the
-// next start and corrupt it.
-func (s *petStore) checkFile(w *batchWriter) error {
-	if s.storage.replaced.Load() == nil {
-		lost := false
-		err := s.file.checkStillThere()
-		if err == nil {
-			err, lost = s.file.checkWAL()
-		}
-		if err == nil {
-			err = s.file.checkOverwritten(w.currentDataVersion)
-			lost = err != nil
-		}
-		if lost {
-			s.storage.framesLost.Store(true)
-		}
-		if err != nil && !s.markReplaced(err, lost) {
-			return err // not a replacement: stat itself failed
-		}
-	}
-	r := s.storage.replaced.Load()
-	if r == nil {
-		return nil
-	}
-	// A -wal cut short lost its frames: a checkpoint would read past its
-	// end; one that belongs to a file overwritten since would be copied
-	// into another file. Any other is still the one SQLite holds open,
-	// whole, and is saved.
-	if !w.walEmptied && !s.storage.framesLost.Load() {
-		w.walEmptied = w.truncateWAL() // else tried again at the next check
-	}
-	return r
-}
+// probeSQL is a write that stores nothing and touches what a create
+// touches: a pet of the longest name and an Idempotency-Key is inserted
+// and deleted, and the change count and the id sequence are put back. A
+// write of fewer pages can fit on a disk where a create does not, and
+// would clear a fault that creates still meet.
+var probeSQL = `INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
+		VALUES ('` + strings.Repeat("p", maxNameLength) + `', 1, 'available', 'petstore-probe', x'00', x'00');
+	DELETE FROM pets WHERE id = last_insert_rowid();
+	UPDATE pets_changes SET inserted = inserted - 1, changed = changed - 1;
+	UPDATE sqlite_sequence SET seq = seq - 1 WHERE name = 'pets';`
 
-// probeWrite rewrites the schema version with the value it has: a real
-// write and fsync that changes nothing, to learn whether a pet could be
-// stored now. During a read-only fault the writer connection is replaced
-// first, so the store recovers once the file can be written again.
-func (s *petStore) probeWrite(w **batchWriter) error {
-	if err := s.checkFile(*w); err != nil {
-		return err
+// probeWrite runs probeSQL in a transaction, to learn whether a pet could
+// be stored now; its outcome begins or ends a fault in the fault log.
+// During a read-only fault the writer connection is replaced first, so
+// the store recovers once the file can be written again.
+func (s *petStore) probeWrite(w **batchWriter) {
+	if s.lasting.Load() != nil {
+		return
 	}
-	if f := s.storage.faults.current(); f != nil && f.kind == faultReadOnly {
+	if f := s.faults.current(); f != nil && f.kind == faultReadOnly {
 		if fresh, err := (*w).reopen(s.writer); err == nil {
 			*w = fresh
 		}
 	}
-	// A probe does not wait for a lock another process holds: that would
-	// hold up the creates queued behind it.
 	ctx := context.Background()
-	(*w).setBusyTimeout(0)
-	s.storage.commitStart.Store(time.Now().UnixNano())
+	s.commitStart.Store(time.Now().UnixNano())
 	err := (*w).inTx(ctx, func() error {
-		_, err := (*w).conn.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", len(migrations)))
+		_, err := (*w).conn.ExecContext(ctx, probeSQL)
 		return err
 	})
-	s.storage.commitStart.Store(0)
-	if err != nil {
-		kind, ok := s.classify(err)
-		if !ok {
-			return err
-		}
-		s.storage.faults.failed(kind, err, 0)
-		return &storageError{kind: kind, err: err}
+	s.commitStart.Store(0)
+	var se *storageError
+	switch {
+	case err == nil:
+		s.faults.succeeded()
+		s.file.readOnly.Store(false)
+	case errors.As(s.storageFault(err), &se) && se.kind < faultIO:
+		s.faults.failed(se.kind, err, 0)
 	}
-	s.storage.faults.succeeded()
-	s.file.readOnly.Store(false)
-	return nil
 }
 
 // batchWriter runs the group commits on the one writer connection, with
@@ -417,9 +386,8 @@ type batchWriter struct {
 	findKey, insert           *sql.Stmt
 	beginTx, commitTx, rollTx *sql.Stmt
 	beginRead, changes, after *sql.Stmt
-	walEmptied                bool          // after the file was replaced
-	dataVersion               int64         // PRAGMA data_version when last asked
-	busyTimeout               time.Duration // the connection's busy_timeout now
+	dataVersion               int64 // PRAGMA data_version when last asked
+	commits                   int   // commits since the last checkpoint
 }
 
 func newBatchWriter(db *sql.DB) (*batchWriter, error) {
@@ -428,11 +396,12 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &batchWriter{conn: conn, busyTimeout: busyTimeoutMillis * time.Millisecond}
-	// After a checkpoint has emptied the WAL, the next commit truncates
-	// the file to this size, so a WAL that grew once does not keep its
-	// size on disk for ever. Only this connection writes.
-	if _, err = conn.ExecContext(ctx, fmt.Sprintf("PRAGMA journal_size_limit = %d", walLimit)); err != nil {
+	w := &batchWriter{conn: conn}
+	// The writer checkpoints itself (see petStore.checkpoint). After a
+	// checkpoint has emptied the WAL, the next commit cuts the file back
+	// to 64 MiB, so a WAL that grew behind a long reader does not keep
+	// its size on disk for ever.
+	if _, err = conn.ExecContext(ctx, "PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 67108864"); err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -460,53 +429,14 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 	return w, nil
 }
 
+// close closes the statements and gives the connection back to its pool.
 func (w *batchWriter) close() {
-	w.closeStatements()
-	w.conn.Close()
-}
-
-func (w *batchWriter) closeStatements() {
 	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx, w.beginRead, w.changes, w.after} {
 		if stmt != nil {
 			stmt.Close()
 		}
 	}
-}
-
-// setBusyTimeout sets how long the writer waits for a lock another
-// process holds. It is remembered, so the same setting is not sent to
-// SQLite again on every commit.
-func (w *batchWriter) setBusyTimeout(d time.Duration) {
-	if d == w.busyTimeout {
-		return
-	}
-	w.busyTimeout = d
-	if _, err := w.conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", d.Milliseconds())); err != nil {
-		w.busyTimeout = -1 // unknown: set it again next time
-	}
-}
-
-// externalWrite reports whether another connection has committed to the
-// file since the last call. PRAGMA data_version on the writer's own
-// connection changes only for commits made by others: an operator's
-// sqlite3 shell, a restore, another process.
-func (w *batchWriter) externalWrite() bool {
-	v, ok := w.currentDataVersion()
-	if !ok {
-		return false
-	}
-	// The first ask, on a new connection, counts as a change: the file may
-	// have changed before there was a value to compare with.
-	changed := v != w.dataVersion
-	w.dataVersion = v
-	return changed
-}
-
-// currentDataVersion reads PRAGMA data_version on the writer's connection.
-func (w *batchWriter) currentDataVersion() (int64, bool) {
-	var v int64
-	err := w.conn.QueryRowContext(context.Background(), "PRAGMA data_version").Scan(&v)
-	return v, err == nil
+	w.conn.Close()
 }
 
 // reopen replaces the writer connection with a new one, and discards
@@ -520,84 +450,56 @@ func (w *batchWriter) reopen(db *sql.DB) (*batchWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.closeStatements()
 	w.conn.Raw(func(any) error { return driver.ErrBadConn }) // not back to the pool
-	w.conn.Close()
+	w.close()
 	return fresh, nil
 }
 
-// walLimit bounds the WAL file on disk (see boundWAL).
-const walLimit = 64 << 20
-
-// boundWAL bounds the WAL on disk. SQLite's automatic checkpoints are
-// passive: while a reader holds an old snapshot they cannot reach the end
-// of the WAL, which then grows with every commit and keeps its size. Once
-// a second, a WAL over limit gets a TRUNCATE checkpoint that does not
-// wait: if a reader still holds it back, it is tried again a second
-// later, and once the reader has let go the WAL shrinks to nothing. A
-// passive checkpoint and a look at the file come first: the look checks
-// the pages copied against their frames while the WAL still holds them,
-// so the truncating checkpoint has nothing left to copy, and a copy of
-// the file that lands around it is seen (see checkOverwritten).
-func (s *petStore) boundWAL(w *batchWriter, limit int64) {
-	fi, err := os.Stat(s.file.path + "-wal")
-	if err != nil || fi.Size() <= limit {
-		return
+// checkpoint runs PRAGMA wal_checkpoint in the given mode. A checkpoint
+// that readers kept from finishing is an error too: SQLite reports it
+// with busy = 1, not with an error.
+func (w *batchWriter) checkpoint(mode string) error {
+	var busy, frames, done int
+	err := w.conn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint("+mode+")").Scan(&busy, &frames, &done)
+	if err == nil && busy != 0 {
+		err = fmt.Errorf("checkpoint(%s) held back by a reader: %d of %d frames copied", mode, done, frames)
 	}
-	// A busy timeout would stall every create behind a long reader.
-	w.setBusyTimeout(0)
-	if _, err := w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
-		return
-	}
-	if s.checkFile(w) == nil {
-		w.truncateWAL()
-	}
+	return err
 }
 
-// truncateWAL checkpoints the whole WAL into the database file and
-// empties it, without waiting for readers; it reports whether it did.
-// SQLite answers a checkpoint that a reader holds back with busy = 1, not
-// with an error.
-func (w *batchWriter) truncateWAL() bool {
-	var busy, frames, done int
-	err := w.conn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &done)
-	return err == nil && busy == 0
+// externalWrite reports whether another connection has committed to the
+// file since the last call. PRAGMA data_version on the writer's own
+// connection changes only for commits made by others: an operator's
+// sqlite3 shell, a restore, another process.
+func (w *batchWriter) externalWrite() bool {
+	var v int64
+	if err := w.conn.QueryRowContext(context.Background(), "PRAGMA data_version").Scan(&v); err != nil {
+		return false
+	}
+	// The first ask, on a new connection, counts as a change: the file may
+	// have changed before there was a value to compare with.
+	changed := v != w.dataVersion
+	w.dataVersion = v
+	return changed
 }
 
 // commit stores a batch in one transaction and returns each request's
 // result, or the error that rolled the transaction back. The statements
 // run without the clients' contexts: one client going away must not abort
-// the others' transaction.
-// check runs first in the transaction; every new id must be above floor.
+// the others' transaction. check runs first in the transaction; every
+// new id must be above floor.
 func (w *batchWriter) commit(batch []*writeRequest, check func() error, floor int64) ([]writeResult, error) {
 	ctx := context.Background()
 	results := make([]writeResult, len(batch))
 	now := time.Now()
-	// No lock wait may outlast the soonest deadline in the batch: a create
-	// answered after its client's write timeout would be stored behind
-	// the client's back.
-	wait := time.Duration(busyTimeoutMillis) * time.Millisecond
 	for i, r := range batch {
 		// A request is taken once; one retried on its own after its batch
 		// failed was taken already, and its handler is waiting for it.
-		if r.state.Load() != requestTaken && !r.state.CompareAndSwap(requestPending, requestTaken) {
-			results[i].err = errTimedOut // its handler gave up: not stored
-			continue
-		}
-		if d := r.req.deadline; !d.IsZero() {
-			if !d.After(now) {
-				results[i].err = errTimedOut
-				continue
-			}
-			wait = min(wait, d.Sub(now))
+		taken := r.state.Load() == requestTaken || r.state.CompareAndSwap(requestPending, requestTaken)
+		if !taken || !r.req.deadline.IsZero() && !r.req.deadline.After(now) {
+			results[i].err = errTimedOut // its handler gave up, or will: not stored
 		}
 	}
-	// Rounded down to a tenth of a second, so that under load, with
-	// deadlines alike, the setting rarely changes from batch to batch.
-	if wait >= 100*time.Millisecond {
-		wait = wait.Truncate(100 * time.Millisecond)
-	}
-	w.setBusyTimeout(wait)
 	err := w.inTx(ctx, func() error {
 		if err := check(); err != nil {
 			return err
@@ -628,35 +530,42 @@ func (w *batchWriter) commit(batch []*writeRequest, check func() error, floor in
 // only a file that went back can give; its transaction is rolled back.
 var errIDNotNew = errors.New("an insert got an id already held")
 
+// inTx runs fn in an immediate transaction on the writer connection.
+func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
+	return w.tx(ctx, w.beginTx, fn)
+}
+
 // inReadTx runs fn in a read transaction on the writer connection: a
 // snapshot of the file that takes no lock.
 func (w *batchWriter) inReadTx(fn func() error) error {
-	ctx := context.Background()
-	w.leaveTx()
-	if _, err := w.beginRead.ExecContext(ctx); err != nil {
-		return err
-	}
-	if err := fn(); err != nil {
-		w.rollTx.ExecContext(ctx)
-		return err
-	}
-	_, err := w.commitTx.ExecContext(ctx)
-	return err
+	return w.tx(context.Background(), w.beginRead, fn)
 }
 
-// leaveTx rolls back a transaction the connection is still inside: one
-// whose ROLLBACK failed. Left open, it would fail every later BEGIN, and
-// so every create. SQLite rolls back by itself after some errors (a full
-// disk, an I/O error), so a ROLLBACK that fails is not alone the sign.
-func (w *batchWriter) leaveTx() {
+// tx runs fn between begin and COMMIT, and rolls back if either fails.
+// A transaction the connection is still inside (its ROLLBACK failed) is
+// left first: left open, it would fail every later BEGIN, and so every
+// create. SQLite rolls back by itself after some errors (a full disk, an
+// I/O error), so a ROLLBACK that fails is not alone the sign.
+func (w *batchWriter) tx(ctx context.Context, begin *sql.Stmt, fn func() error) error {
 	inTx := false
 	w.conn.Raw(func(dc any) error {
 		inTx = !dc.(*sqlite3.SQLiteConn).AutoCommit()
 		return nil
 	})
 	if inTx {
-		w.rollTx.ExecContext(context.Background())
+		w.rollTx.ExecContext(ctx)
 	}
+	if _, err := begin.ExecContext(ctx); err != nil {
+		return err
+	}
+	err := fn()
+	if err == nil {
+		_, err = w.commitTx.ExecContext(ctx)
+	}
+	if err != nil {
+		w.rollTx.ExecContext(ctx)
+	}
+	return err
 }
 
 // changeCount reads the pets_changes row.
@@ -685,23 +594,6 @@ func (w *batchWriter) petsAfter(id int64, limit int) ([]Pet, error) {
 		pets = append(pets, Pet{ID: r.id, Name: string(r.name), CategoryID: r.categoryID, Status: string(r.status)})
 	})
 	return pets, err
-}
-
-// inTx runs fn in an immediate transaction on the writer connection.
-func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
-	w.leaveTx()
-	if _, err := w.beginTx.ExecContext(ctx); err != nil {
-		return err
-	}
-	if err := fn(); err != nil {
-		w.rollTx.ExecContext(ctx)
-		return err
-	}
-	if _, err := w.commitTx.ExecContext(ctx); err != nil {
-		w.rollTx.ExecContext(ctx)
-		return err
-	}
-	return nil
 }
 
 // insertPet does one create inside the batch's transaction. The key lookup

@@ -103,7 +103,7 @@ func TestNoCommitBehindTheClientsBack(t *testing.T) {
 // creates go on (how long that took is logged).
 func TestWALIsBounded(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
-	const limit = walLimit
+	const limit = 64 << 20 // journal_size_limit
 	s, err := openStore(path, storeOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func TestOneRefusedCreateSparesItsBatch(t *testing.T) {
 	start := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 	var blocker reply
 	start(create("Blocker", &blocker))
-	waitFor(t, patience, "the blocker's commit to wait for the lock", func() bool { return s.storage.commitStart.Load() != 0 })
+	waitFor(t, patience, "the blocker's commit to wait for the lock", func() bool { return s.commitStart.Load() != 0 })
 	names := []string{"One", "Two", "Refused", "Three", "Four", "Five"}
 	replies := make([]reply, len(names))
 	for i, name := range names {
