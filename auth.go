@@ -61,6 +61,21 @@ func (k *keyRing) acceptsDigest(d keyDigest) bool {
 // a short one typed by hand ("secret") falls to guessing. keygen makes 43.
 const minKeyLength = 20
 
+// digestOf is a key's digest, the only form in which the service holds it.
+func digestOf(key string) keyDigest { return sha256.Sum256([]byte(key)) }
+
+// keyProblem says what is wrong with a configured key, or "": never the
+// key itself, which must not reach a log.
+func keyProblem(key string) string {
+	switch {
+	case !isTokenString(key):
+		return "has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"
+	case len(key) < minKeyLength:
+		return fmt.Sprintf("is shorter than %d characters, so it could be guessed; make one with petstore keygen", minKeyLength)
+	}
+	return ""
+}
+
 // parseAPIKeys reads PETSTORE_API_KEYS: comma-separated, spaces around
 // entries trimmed, empty entries ignored.
 func parseAPIKeys(list string) ([]keyDigest, error) {
@@ -70,14 +85,10 @@ func parseAPIKeys(list string) ([]keyDigest, error) {
 		if key == "" {
 			continue
 		}
-		if !isTokenString(key) {
-			// Never print the key itself.
-			return nil, fmt.Errorf("API key number %d has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)", i+1)
+		if problem := keyProblem(key); problem != "" {
+			return nil, fmt.Errorf("API key number %d %s", i+1, problem)
 		}
-		if len(key) < minKeyLength {
-			return nil, fmt.Errorf("API key number %d is shorter than %d characters, so it could be guessed; make one with petstore keygen", i+1, minKeyLength)
-		}
-		digests = append(digests, sha256.Sum256([]byte(key)))
+		digests = append(digests, digestOf(key))
 	}
 	return digests, nil
 }
@@ -109,7 +120,7 @@ func generateAPIKey() (string, error) {
 // keysFileLine is how a key is written in a keys file without its plain
 // text: "sha256:" and the hex of its digest.
 func keysFileLine(key string) string {
-	d := sha256.Sum256([]byte(key))
+	d := digestOf(key)
 	return "sha256:" + hex.EncodeToString(d[:])
 }
 
@@ -132,19 +143,15 @@ func parseKeysFile(data []byte) ([]keyDigest, error) {
 			var d keyDigest
 			if b, err := hex.DecodeString(hexDigest); err != nil || len(b) != len(d) {
 				return nil, fmt.Errorf("line %d: sha256: must be followed by the 64 hex digits of the key's SHA-256 digest", n+1)
-			} else {
-				copy(d[:], b)
 			}
+			hex.Decode(d[:], []byte(hexDigest))
 			digests = append(digests, d)
 			continue
 		}
-		if !isTokenString(entry) {
-			return nil, fmt.Errorf("line %d: a key must be printable ASCII without spaces", n+1)
+		if problem := keyProblem(entry); problem != "" {
+			return nil, fmt.Errorf("line %d: the key %s", n+1, problem)
 		}
-		if len(entry) < minKeyLength {
-			return nil, fmt.Errorf("line %d: the key is shorter than %d characters, so it could be guessed; make one with petstore keygen", n+1, minKeyLength)
-		}
-		digests = append(digests, sha256.Sum256([]byte(entry)))
+		digests = append(digests, digestOf(entry))
 	}
 	return digests, nil
 }
@@ -172,6 +179,10 @@ func (k keySource) load() ([]keyDigest, error) {
 	fromFile, err := parseKeysFile(data)
 	if err != nil {
 		return nil, fmt.Errorf("API keys file %s: %w", k.file, err)
+	}
+	if len(fromFile) == 0 {
+		// A file of comments only, or emptied by a > typed for >>.
+		return nil, fmt.Errorf("API keys file %s holds no key", k.file)
 	}
 	return append(digests, fromFile...), nil
 }
@@ -234,7 +245,7 @@ func requireAPIKey(keys *keyRing, guard *authGuard, sawKey func(*http.Request, k
 			}
 			writeError(w, http.StatusUnauthorized, codeUnauthorized, msg)
 		default:
-			d := keyDigest(sha256.Sum256([]byte(token)))
+			d := digestOf(token)
 			sawKey(r, d)
 			if !keys.acceptsDigest(d) {
 				guard.failed(addr, "invalid", now)

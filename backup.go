@@ -29,7 +29,7 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 	fs := newFlagSet("petstore backup")
 	var db, dir string
 	var keep int
-	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to back up")
+	(&flagEnv{fs: fs, getenv: getenv, vars: map[string]string{}}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to back up")
 	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this `directory` instead of BACKUP-FILE")
 	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep (a `count`), the newest; older ones this command wrote are deleted")
 	files, err := parseInterspersed(fs, args[1:])
@@ -224,7 +224,7 @@ func runRestore(ctx context.Context, args []string, getenv func(string) string, 
 	const usage = "petstore restore -from BACKUP [-db FILE]"
 	fs := newFlagSet("petstore restore")
 	var db, from string
-	(&flagEnv{fs: fs, getenv: getenv}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to replace")
+	(&flagEnv{fs: fs, getenv: getenv, vars: map[string]string{}}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to replace")
 	fs.StringVar(&from, "from", "", "the backup `file` to put back, as petstore backup wrote it")
 	rest, err := parseInterspersed(fs, args[1:])
 	if err != nil {

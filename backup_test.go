@@ -95,7 +95,8 @@ func TestBackupSnapshots(t *testing.T) {
 
 func TestBackupWhileWriting(t *testing.T) {
 	dbPath := filepath.Join(t.TempDir(), "pets.db")
-	srv, store := newTestServerAt(t, dbPath)
+	svc := startService(t, nil, "-db", dbPath)
+	store := svc.store
 	// Writers keep creating pets while the backup runs.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -177,7 +178,7 @@ func TestBackupWhileWriting(t *testing.T) {
 	t.Logf("backup of a live database: %d pets acknowledged before it began, %d in all, %d in the copy", before, after, len(got))
 
 	// The live service is unaffected.
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
 
 	// A backup never overwrites.
 	err = run(context.Background(), []string{"petstore", "backup", "-db", dbPath, backup}, func(string) string { return "" }, io.Discard, io.Discard)
@@ -241,12 +242,12 @@ func TestRestore(t *testing.T) {
 	db := filepath.Join(dir, "pets.db")
 	backup := filepath.Join(dir, "backup.db")
 	ctx := context.Background()
-	srv, s := newTestServerAt(t, db)
-	createPets(t, srv, `{"name":"Kept","categoryId":1}`, `{"name":"Kept too","categoryId":2}`)
+	svc := startService(t, nil, "-db", db)
+	createPets(t, svc.url, `{"name":"Kept","categoryId":1}`, `{"name":"Kept too","categoryId":2}`)
 	if _, err := backupDatabase(ctx, db, backup); err != nil {
 		t.Fatal(err)
 	}
-	createPets(t, srv, `{"name":"Lost","categoryId":3}`)
+	createPets(t, svc.url, `{"name":"Lost","categoryId":3}`)
 	env := func(string) string { return "" }
 	restore := func(from string) (string, error) {
 		var out bytes.Buffer
@@ -270,8 +271,7 @@ func TestRestore(t *testing.T) {
 		t.Errorf("restore under a running service: %v, want %s", err, want)
 	}
 	unchanged("refused under a running service")
-	srv.Close()
-	s.close()
+	svc.stop()
 	before, _ = os.ReadFile(db)
 
 	foreign := filepath.Join(dir, "foreign.db")
@@ -298,8 +298,8 @@ func TestRestore(t *testing.T) {
 	// A backup whose last pets are still in its -wal, as a killed
 	// service leaves it, is restored whole.
 	live := filepath.Join(dir, "live.db")
-	liveSrv, liveStore := newTestServerAt(t, live)
-	createPets(t, liveSrv, `{"name":"In the WAL","categoryId":1}`, `{"name":"In the WAL too","categoryId":1}`, `{"name":"And this","categoryId":1}`)
+	liveSvc := startService(t, nil, "-db", live)
+	createPets(t, liveSvc.url, `{"name":"In the WAL","categoryId":1}`, `{"name":"In the WAL too","categoryId":1}`, `{"name":"And this","categoryId":1}`)
 	if fi, err := os.Stat(live + "-wal"); err != nil || fi.Size() == 0 {
 		t.Fatalf("the live file's -wal holds nothing: %v", err)
 	}
@@ -311,8 +311,7 @@ func TestRestore(t *testing.T) {
 	if n, err := checkBackup(ctx, walDB); err != nil || n != 3 || !strings.Contains(out.String(), ": 3 pets, integrity ok") {
 		t.Errorf("restored from a file with a -wal: %d pets (%v), said %q; want all 3", n, err, out.String())
 	}
-	liveSrv.Close()
-	liveStore.close()
+	liveSvc.stop()
 
 	out2, err := restore(backup)
 	if err != nil {
@@ -327,10 +326,10 @@ func TestRestore(t *testing.T) {
 			t.Errorf("%s is still there after the restore: %v", companion, err)
 		}
 	}
-	srv, _ = newTestServerAt(t, db)
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil,
+	svc = startService(t, nil, "-db", db)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets"}), 200, nil,
 		`[{"id":1,"name":"Kept","categoryId":1,"status":"available"},{"id":2,"name":"Kept too","categoryId":2,"status":"available"}]`)
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":4}`}), 201, nil,
+	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":4}`}), 201, nil,
 		`{"id":3,"name":"New","categoryId":4,"status":"available"}`)
 }
 
@@ -343,16 +342,16 @@ func TestSnapshotRetentionIgnoresTheClock(t *testing.T) {
 	db := filepath.Join(dir, "pets.db")
 	snapshots := filepath.Join(dir, "snapshots")
 	os.MkdirAll(snapshots, 0o700)
-	srv, _ := newTestServerAt(t, db)
+	svc := startService(t, nil, "-db", db)
 	snapshotAt := func(pets int, name string) {
 		t.Helper()
 		for {
 			var n []Pet
-			json.Unmarshal(do(t, srv, call{method: "GET", path: "/v1/pets?limit=100"}).body, &n)
+			json.Unmarshal(send(t, svc.url, call{method: "GET", path: "/v1/pets?limit=100"}).body, &n)
 			if len(n) >= pets {
 				break
 			}
-			createPets(t, srv, `{"name":"Rex","categoryId":1}`)
+			createPets(t, svc.url, `{"name":"Rex","categoryId":1}`)
 		}
 		if _, err := backupDatabase(ctx, db, filepath.Join(snapshots, name)); err != nil {
 			t.Fatal(err)

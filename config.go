@@ -1,5 +1,6 @@
 // Configuration: the serving flags, each with an environment variable as
-// its default, parsed and refused the same way from either source.
+// its default, parsed and refused the same way from either source, and
+// hints for the names people reach for.
 
 package main
 
@@ -13,7 +14,7 @@ import (
 	"math"
 	"net"
 	"net/url"
-	"regexp"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,53 +36,32 @@ type config struct {
 	logLevel          slog.Level
 	corsOrigins       []string
 	maxConns          int
-	maxConnsPerClient int
 	rateLimit         rateLimit // zero: off
 	version           bool
+	// variables maps each flag to its environment variable; the
+	// PETSTORE_ variables set that none reads are in unknownVariables.
+	variables        map[string]string
+	unknownVariables []string
 }
 
 // flagEnv defines flags whose defaults come from environment variables,
-// so systemd units and shells can use either. A malformed variable is
-// remembered and reported after parsing, like a malformed flag.
+// so systemd units and shells can use either. A flag and its variable go
+// through the same parse, so both accept the same values and are refused
+// with the same message, naming both; a refused variable is reported
+// after parsing, like a refused flag.
 type flagEnv struct {
 	fs     *flag.FlagSet
 	getenv func(string) string
+	vars   map[string]string
 	err    error
 }
 
-func (f *flagEnv) string(p *string, name, env, def, usage string) {
-	if v := f.getenv(env); v != "" {
-		def = v
-	}
-	f.fs.StringVar(p, name, def, usage+" (env "+env+")")
-}
-
-func (f *flagEnv) duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	checked(f, p, name, env, def, def.String(), "a positive duration such as 5s or 1m30s", usage+", a `duration`", func(v string) (time.Duration, error) {
-		d, err := time.ParseDuration(v)
-		if err == nil && d <= 0 {
-			err = errors.New("not positive")
-		}
-		return d, err
-	})
-}
-
-func (f *flagEnv) int(p *int, name, env string, def int, usage string) {
-	checked(f, p, name, env, def, strconv.Itoa(def), "a positive integer", usage+", an `int`", func(v string) (int, error) {
-		n, err := strconv.Atoi(v)
-		if err == nil && n <= 0 {
-			err = errors.New("not positive")
-		}
-		return n, err
-	})
-}
-
-// checked defines a flag whose value, given on the command line or in
-// its environment variable, goes through the same parse, so both accept
-// the same values and are refused with the same message, naming both.
-func checked[T any](f *flagEnv, p *T, name, env string, def T, defText, want, usage string, parse func(string) (T, error)) {
+// define defines the flag name with its variable env; parse turns a
+// value into *p.
+func define[T any](f *flagEnv, p *T, name, env string, def T, defText, want, usage string, parse func(string) (T, error)) {
 	*p = def
-	v := &checkedValue[T]{p: p, text: defText, parse: parse,
+	f.vars[name] = env
+	v := &flagValue[T]{p: p, text: defText, parse: parse,
 		refuse: func(value string) error {
 			err := fmt.Errorf("-%s (%s) must be %s, got %q", name, env, want, value)
 			f.err = errors.Join(f.err, err)
@@ -93,17 +73,41 @@ func checked[T any](f *flagEnv, p *T, name, env string, def T, defText, want, us
 	f.fs.Var(v, name, usage+" (env "+env+")")
 }
 
-// checkedValue is the flag.Value of checked.
-type checkedValue[T any] struct {
+func (f *flagEnv) string(p *string, name, env, def, usage string) {
+	define(f, p, name, env, def, def, "", usage, func(v string) (string, error) { return v, nil })
+}
+
+func (f *flagEnv) duration(p *time.Duration, name, env string, def time.Duration, usage string) {
+	define(f, p, name, env, def, def.String(), "a positive duration such as 5s or 1m30s", usage+", a `duration`", func(v string) (time.Duration, error) {
+		d, err := time.ParseDuration(v)
+		if err == nil && d <= 0 {
+			err = errors.New("not positive")
+		}
+		return d, err
+	})
+}
+
+func (f *flagEnv) int(p *int, name, env string, def int, defText, usage string) {
+	define(f, p, name, env, def, defText, "a positive integer", usage, func(v string) (int, error) {
+		n, err := strconv.Atoi(v)
+		if err == nil && n <= 0 {
+			err = errors.New("not positive")
+		}
+		return n, err
+	})
+}
+
+// flagValue is the flag.Value of define.
+type flagValue[T any] struct {
 	p      *T
 	text   string
 	parse  func(string) (T, error)
 	refuse func(string) error
 }
 
-func (v *checkedValue[T]) String() string { return v.text }
+func (v *flagValue[T]) String() string { return v.text }
 
-func (v *checkedValue[T]) Set(s string) error {
+func (v *flagValue[T]) Set(s string) error {
 	x, err := v.parse(s)
 	if err != nil {
 		return v.refuse(s)
@@ -124,7 +128,7 @@ func newFlagSet(name string) *flag.FlagSet {
 func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (config, error) {
 	var c config
 	fs := newFlagSet("petstore")
-	f := &flagEnv{fs: fs, getenv: getenv}
+	f := &flagEnv{fs: fs, getenv: getenv, vars: map[string]string{}}
 	f.string(&c.addr, "addr", "PETSTORE_ADDR", "127.0.0.1:8080", "listen address, `host:port` (:8080 for every interface)")
 	f.string(&c.db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file`, created if missing")
 	f.string(&c.apiKeysFile, "api-keys-file", "PETSTORE_API_KEYS_FILE", "", "`file` of API keys, one a line, plain or sha256:<hex>; SIGHUP re-reads it")
@@ -134,58 +138,48 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	f.duration(&c.readTimeout, "read-timeout", "PETSTORE_READ_TIMEOUT", 30*time.Second, "time allowed to send the whole request")
 	f.duration(&c.writeTimeout, "write-timeout", "PETSTORE_WRITE_TIMEOUT", 30*time.Second, "time allowed from the end of the request headers to the end of the response")
 	f.duration(&c.idleTimeout, "idle-timeout", "PETSTORE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive connection is kept")
-	f.int(&c.maxHeaderBytes, "max-header-bytes", "PETSTORE_MAX_HEADER_BYTES", 16<<10, "largest request header block, in bytes")
+	f.int(&c.maxHeaderBytes, "max-header-bytes", "PETSTORE_MAX_HEADER_BYTES", 16<<10, "16384", "largest request header block, in bytes, an `int`")
 	f.string(&c.logFormat, "log-format", "PETSTORE_LOG_FORMAT", "text", "log `format`: text or json")
-	var level, origins string
+	var level, origins, rate, burst string
 	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log `level`: debug, info (one line per request), warn or error")
 	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)")
-	var maxConns, rate, burst string
-	f.string(&maxConns, "max-conns", "PETSTORE_MAX_CONNS", "", fmt.Sprintf(
-		"most client connections open at once (an `int`); more wait at the listener (default: the descriptor limit less room for the database, here %d)", defaultMaxConns()))
-	f.int(&c.maxConnsPerClient, "max-conns-per-client", "PETSTORE_MAX_CONNS_PER_CLIENT", 256,
-		"most connections one client address may hold open; more are answered 503 (behind a reverse proxy, every client has its address: raise it)")
+	f.int(&c.maxConns, "max-conns", "PETSTORE_MAX_CONNS", defaultMaxConns(), "", fmt.Sprintf(
+		"most client connections open at once, an `int` (default: the descriptor limit less room for the database, here %d)", defaultMaxConns()))
 	f.string(&rate, "rate-limit", "PETSTORE_RATE_LIMIT", "", "requests per API key, a `rate` such as 50/s, 3000/m or 100000/h; off when empty")
 	f.string(&burst, "rate-burst", "PETSTORE_RATE_BURST", "", "requests a key may send at once before the rate applies, an `int` (default: the rate's count, 50 for 50/s)")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
+	c.variables = f.vars
 	err := fs.Parse(args[1:])
-	if err != nil && f.err != nil {
+	switch {
+	case err != nil && f.err != nil:
 		return c, f.err // a flag or variable refused, with its message
-	}
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		return c, explainFlagError(fs, "petstore", flagHints, err)
-	}
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			// "petstore", not args[0]: under go run that is a path in the
-			// build cache.
-			fmt.Fprint(stdout, "Usage: petstore [flags]\n       petstore backup [-db FILE] BACKUP-FILE\n"+
-				"       petstore backup [-db FILE] -dir DIR [-keep N]\n       petstore restore -from BACKUP [-db FILE]\n       petstore keygen\n\n"+
-				"API keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file.\n"+
-				"Each flag can also be set by the environment variable named with it; a flag wins.\n\nFlags:\n")
-			fs.PrintDefaults()
-		}
+	case errors.Is(err, flag.ErrHelp):
+		// "petstore", not args[0]: under go run that is a path in the
+		// build cache.
+		fmt.Fprint(stdout, "Usage: petstore [flags]\n       petstore backup [-db FILE] BACKUP-FILE\n"+
+			"       petstore backup [-db FILE] -dir DIR [-keep N]\n       petstore restore -from BACKUP [-db FILE]\n       petstore keygen\n\n"+
+			"API keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file.\n"+
+			"Each flag can also be set by the environment variable named with it; a flag wins.\n\nFlags:\n")
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
 		return c, err
-	}
-	if f.err != nil {
+	case err != nil:
+		return c, explainFlagError(fs, "petstore", flagHints, err)
+	case f.err != nil:
 		return c, f.err
-	}
-	if fs.NArg() > 0 {
+	case fs.NArg() > 0:
 		return c, fmt.Errorf("unexpected argument %q (commands: backup, restore, keygen)", fs.Arg(0))
 	}
-	if _, _, err := net.SplitHostPort(c.addr); err != nil {
+	if _, port, err := net.SplitHostPort(c.addr); err != nil {
 		hint := "such as 127.0.0.1:8080, or :8080 for every interface"
 		if _, numErr := strconv.Atoi(c.addr); numErr == nil {
 			hint = fmt.Sprintf("use :%s or 127.0.0.1:%s", c.addr, c.addr)
 		}
 		return c, fmt.Errorf("-addr (PETSTORE_ADDR) must be host:port, got %q: %s", c.addr, hint)
-	}
-	// A port is a number up to 65535 or a service name (http); net.Listen
-	// would refuse anything else, but only after other start-up lines.
-	if _, port, _ := net.SplitHostPort(c.addr); port != "" {
-		if n, err := strconv.Atoi(port); err == nil && (n < 0 || n > 65535) {
-			return c, fmt.Errorf("-addr (PETSTORE_ADDR) has port %s, beyond 65535", port)
-		}
+	} else if n, err := strconv.Atoi(port); err == nil && (n < 0 || n > 65535) {
+		// A port is a number up to 65535 or a service name (http); net.Listen
+		// would refuse anything else, but only after other start-up lines.
+		return c, fmt.Errorf("-addr (PETSTORE_ADDR) has port %s, beyond 65535", port)
 	}
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return c, errors.New("-tls-cert and -tls-key go together: give both or neither")
@@ -195,14 +189,6 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	}
 	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return c, fmt.Errorf("-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got %q", level)
-	}
-	c.maxConns = defaultMaxConns()
-	if maxConns != "" {
-		n, err := strconv.Atoi(maxConns)
-		if err != nil || n < 1 {
-			return c, fmt.Errorf("-max-conns (PETSTORE_MAX_CONNS) must be a positive integer, got %q", maxConns)
-		}
-		c.maxConns = n
 	}
 	if c.rateLimit, err = parseRateLimit(rate, burst); err != nil {
 		return c, err
@@ -219,6 +205,16 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		}
 		c.corsOrigins = append(c.corsOrigins, origin)
 	}
+	// The names come from the process's environment, the values from
+	// getenv: a test's getenv sees only its own variables.
+	known := append(slices.Collect(maps.Values(f.vars)), "PETSTORE_API_KEYS")
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "PETSTORE_") && getenv(name) != "" && !slices.Contains(known, name) {
+			c.unknownVariables = append(c.unknownVariables, name)
+		}
+	}
+	slices.Sort(c.unknownVariables)
 	return c, nil
 }
 
@@ -309,6 +305,19 @@ func explainFlagError(fs *flag.FlagSet, command string, hints map[string]string,
 	return fmt.Errorf("unknown flag -%s%s (%s -h lists them)", name, hint, command)
 }
 
+// meantVariable names the variable an unknown PETSTORE_ variable most
+// likely meant ("; did you mean PETSTORE_ADDR?"), or "".
+func meantVariable(name string, vars map[string]string) string {
+	asFlag := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, "PETSTORE_")), "_", "-")
+	if strings.HasPrefix(asFlag, "api-key") && !strings.Contains(asFlag, "file") {
+		return "; did you mean PETSTORE_API_KEYS?"
+	}
+	if f := meantFlag(asFlag, slices.Collect(maps.Keys(vars))); f != "" {
+		return "; did you mean " + vars[f] + "?"
+	}
+	return ""
+}
+
 // bareFlag is a flag's name without its dashes and any =value.
 func bareFlag(name string) string { return strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-") }
 
@@ -320,6 +329,7 @@ func meantFlag(name string, flags []string) string {
 	if alias, ok := flagAliases[strings.ToLower(name)]; ok && slices.Contains(flags, alias) {
 		return alias
 	}
+	slices.Sort(flags) // of two as near, the same one every time
 	best, bestDistance := "", max(2, len(name)/3+1)
 	for _, f := range flags {
 		if d := editDistance(name, f); d < bestDistance {
@@ -329,9 +339,10 @@ func meantFlag(name string, flags []string) string {
 	return best
 }
 
-// editDistance is the Levenshtein distance between a and b.
+// editDistance is the Levenshtein distance between a and b, with two
+// letters swapped counted as one edit.
 func editDistance(a, b string) int {
-	// Rows i-2, i-1 and i of the table; two letters swapped are one edit.
+	// Rows i-2, i-1 and i of the table.
 	older, prev := make([]int, len(b)+1), make([]int, len(b)+1)
 	for j := range prev {
 		prev[j] = j
@@ -352,50 +363,4 @@ func editDistance(a, b string) int {
 		older, prev = prev, cur
 	}
 	return prev[len(b)]
-}
-
-// flagVariables is each flag and the variable it defaults from, as -h
-// names them.
-func flagVariables() map[string]string {
-	var usage strings.Builder
-	parseFlags([]string{"petstore", "-h"}, func(string) string { return "" }, &usage)
-	vars := map[string]string{}
-	env := regexp.MustCompile(`\(env (PETSTORE_[A-Z_]+)\)`)
-	for _, entry := range strings.Split(usage.String(), "\n  -")[1:] {
-		name, _, _ := strings.Cut(entry, " ")
-		name, _, _ = strings.Cut(name, "\n")
-		if m := env.FindStringSubmatch(entry); m != nil {
-			vars[name] = m[1]
-		}
-	}
-	return vars
-}
-
-// unknownVariable is a PETSTORE_ variable petstore does not read, and the
-// one it most likely meant ("" when none is near).
-type unknownVariable struct{ name, meant string }
-
-// unknownVariables are the PETSTORE_ names in environ ("NAME=value") that
-// petstore does not read, in order.
-func unknownVariables(environ []string) []unknownVariable {
-	vars := flagVariables()
-	known := append(slices.Collect(maps.Values(vars)), "PETSTORE_API_KEYS")
-	flags := slices.Collect(maps.Keys(vars))
-	var unknown []unknownVariable
-	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "PETSTORE_") || slices.Contains(known, name) {
-			continue
-		}
-		v := unknownVariable{name: name}
-		asFlag := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, "PETSTORE_")), "_", "-")
-		if strings.HasPrefix(asFlag, "api-key") && !strings.Contains(asFlag, "file") {
-			v.meant = "PETSTORE_API_KEYS"
-		} else if f := meantFlag(asFlag, flags); f != "" {
-			v.meant = vars[f]
-		}
-		unknown = append(unknown, v)
-	}
-	slices.SortFunc(unknown, func(a, b unknownVariable) int { return strings.Compare(a.name, b.name) })
-	return unknown
 }

@@ -75,8 +75,7 @@ func writeInternalError(w http.ResponseWriter, r *http.Request, log *slog.Logger
 func writeStoreError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	var fault *storageError
 	if errors.As(err, &fault) {
-		w.Header().Set("Retry-After", fault.kind.retryAfter())
-		writeError(w, http.StatusServiceUnavailable, fault.kind.code(), fault.kind.message())
+		fault.answer(w)
 		return
 	}
 	writeInternalError(w, r, log, err)

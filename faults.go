@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -42,60 +43,26 @@ const (
 	faultWentBack // the file no longer holds pets this service stored
 )
 
-// message says what is wrong, starting with the short name of the failing
-// check, for the client and for /healthz.
-func (k faultKind) message() string {
-	switch k {
-	case faultDiskFull:
-		return "disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed"
-	case faultReadOnly:
-		return "read-only: the database file or its filesystem cannot be written"
-	case faultLocked:
-		return "database locked: another process holds the database's write lock"
-	case faultTimedOut:
-		return "timed out: the pet could not be committed before the write timeout, so it was not stored"
-	case faultIO:
-		return "I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted"
-	case faultDamaged:
-		return "damaged: the database file is corrupt and must be restored from a backup"
-	case faultReplaced:
-		return "file replaced: the database file was deleted or replaced while the service ran; the service must be restarted"
-	case faultTampered:
-		return "storage tampered: the database's -wal or -shm file was deleted or replaced under the running service, so no pet can be stored safely; the service must be restarted"
-	case faultWentBack:
-		return "catalogue went back: the database file no longer holds pets this service stored (an older copy was put under it), so new pets would reuse their ids; the service must be restarted"
-	}
-	return "database not answering"
+// faultText is what a client and /healthz are told of each fault: the
+// message, which starts with the short name of the failing check, the
+// Error body's code, and the Retry-After in seconds. A lock passes
+// quickly; a lasting fault waits for an operator, and has a code of its
+// own, so a client that retries blindly on "unavailable" learns that
+// waiting alone will not end it.
+var faultText = map[faultKind]struct{ message, code, retryAfter string }{
+	faultDiskFull:     {"disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed", codeUnavailable, "5"},
+	faultReadOnly:     {"read-only: the database file or its filesystem cannot be written", codeUnavailable, "5"},
+	faultLocked:       {"database locked: another process holds the database's write lock", codeUnavailable, "1"},
+	faultNotAnswering: {"database not answering", codeUnavailable, "1"},
+	faultTimedOut:     {"timed out: the pet could not be committed before the write timeout, so it was not stored", codeUnavailable, "1"},
+	faultIO:           {"I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted", codeStorageFailed, "60"},
+	faultDamaged:      {"damaged: the database file is corrupt and must be restored from a backup", codeStorageDamaged, "60"},
+	faultReplaced:     {"file replaced: the database file was deleted or replaced while the service ran; the service must be restarted", codeUnavailable, "60"},
+	faultTampered:     {"storage tampered: the database's -wal or -shm file was deleted or replaced under the running service, so no pet can be stored safely; the service must be restarted", codeStorageTampered, "60"},
+	faultWentBack:     {"catalogue went back: the database file no longer holds pets this service stored (an older copy was put under it), so new pets would reuse their ids; the service must be restarted", codeAcknowledgedPetsMissing, "60"},
 }
 
-// retryAfter is the Retry-After of a 503 for the fault, in seconds: a lock
-// passes quickly; a lasting fault waits for an operator.
-func (k faultKind) retryAfter() string {
-	switch {
-	case k == faultLocked || k == faultNotAnswering || k == faultTimedOut:
-		return "1"
-	case k >= faultIO:
-		return "60"
-	}
-	return "5"
-}
-
-// code is the Error body's code for the fault: a client that retries
-// blindly on "unavailable" must learn when the cause is one that waiting
-// alone does not end.
-func (k faultKind) code() string {
-	switch k {
-	case faultIO:
-		return codeStorageFailed
-	case faultDamaged:
-		return codeStorageDamaged
-	case faultTampered:
-		return codeStorageTampered
-	case faultWentBack:
-		return codeAcknowledgedPetsMissing
-	}
-	return codeUnavailable
-}
+func (k faultKind) message() string { return faultText[k].message }
 
 // hidesPets reports whether, while the fault lasts, a pet the store cannot
 // find may still exist: the file cannot be read whole, or no longer holds
@@ -113,6 +80,13 @@ type storageError struct {
 }
 
 func (e *storageError) Error() string { return e.kind.message() + ": " + e.err.Error() }
+
+// answer is the fault's 503: its Retry-After, and its Error body.
+func (e *storageError) answer(w http.ResponseWriter) {
+	t := faultText[e.kind]
+	w.Header().Set("Retry-After", t.retryAfter)
+	writeError(w, http.StatusServiceUnavailable, t.code, t.message)
+}
 func (e *storageError) Unwrap() error { return e.err }
 
 // classifyFault tells whether err comes from the storage rather than from

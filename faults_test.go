@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,24 +31,6 @@ var (
 )
 
 const newPetBody = `{"name":"Rex","categoryId":1}`
-
-// newLoggedServer is newTestServerAt with the store's and the server's
-// log lines captured.
-func newLoggedServer(t *testing.T, path string, opts storeOptions) (*httptest.Server, *petStore, *syncBuffer) {
-	t.Helper()
-	logs := &syncBuffer{}
-	log := newLogger(logs, "text", 0)
-	opts.log = log
-	store, err := openStore(path, opts)
-	if err != nil {
-		t.Fatalf("openStore: %v", err)
-	}
-	t.Cleanup(func() { store.close() })
-	digests, _ := parseAPIKeys(testKey)
-	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: log}))
-	t.Cleanup(srv.Close)
-	return srv, store, logs
-}
 
 // mountTmpfs mounts a tmpfs of the given size (such as "4m") on a temp
 // dir: a real small filesystem to fill. Mounting needs root; CI runs as
@@ -143,10 +124,11 @@ func TestDiskFull(t *testing.T) {
 
 func testDiskFull(t *testing.T, dir string) {
 	path := filepath.Join(dir, "pets.db")
-	srv, store, logs := newLoggedServer(t, path, storeOptions{})
+	svc := startService(t, nil, "-db", path)
+	store, logs := svc.store, svc.log
 	acked := map[int64]bool{}
 	create := func() reply {
-		r := do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody})
 		if r.status == 201 {
 			acked[decodePet(t, r.body).ID] = true
 		}
@@ -189,10 +171,10 @@ func testDiskFull(t *testing.T, dir string) {
 	if n := countLines(logs, `msg="storage fault cleared"`); n != 0 {
 		t.Errorf("the fault was cleared %d times while the disk was full:\n%s", n, logs)
 	}
-	if r := do(t, srv, call{method: "GET", path: "/v1/pets?limit=1"}); r.status != 200 {
+	if r := send(t, svc.url, call{method: "GET", path: "/v1/pets?limit=1"}); r.status != 200 {
 		t.Errorf("list on a full disk: %d %s", r.status, r.body)
 	}
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
 	if n := countLines(logs, `level=ERROR msg="storage fault`); n != 1 {
 		t.Errorf("%d refused creates logged %d fault lines, want 1:\n%s", refused, n, logs)
 	}
@@ -206,26 +188,26 @@ func testDiskFull(t *testing.T, dir string) {
 	if n := countLines(logs, want); n != 1 {
 		t.Errorf("want one line matching %s, got:\n%s", want, logs)
 	}
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
 
 	// A restart while the disk is full.
-	srv.Close()
-	store.close()
+	svc.stop()
 	free = fillDisk(t, dir)
-	srv, store, _ = newLoggedServer(t, path, storeOptions{})
-	if got := walkCatalogue(t, func(p string) reply { return do(t, srv, call{method: "GET", path: p}) }); len(got) != len(acked) {
+	svc = startService(t, nil, "-db", path)
+	store = svc.store
+	if got := walkCatalogue(t, svc.url); len(got) != len(acked) {
 		t.Errorf("after a restart on a full disk: %d pets listed, %d acknowledged", len(got), len(acked))
 	}
 	// From its first answer, and for as long as creates are refused,
 	// /healthz says so (the tests run as root, whom ext4 lets use blocks
 	// it keeps from others).
 	for range 30 {
-		checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+		checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
 		checkReply(t, create(), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
 	}
 	free()
 	mustCreate()
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
 
 	pets, err := storedPets(store)
 	if err != nil {
@@ -252,10 +234,10 @@ func TestDiskFullForOthersOnly(t *testing.T) {
 	if out, _ := dd.CombinedOutput(); !strings.Contains(string(out), "No space left on device") {
 		t.Fatalf("dd as nobody did not fill the disk: %s", out)
 	}
-	srv, _, _ := newLoggedServer(t, filepath.Join(dir, "pets.db"), storeOptions{})
+	svc := startService(t, nil, "-db", filepath.Join(dir, "pets.db"))
 	for i := range 30 {
-		checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
-		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 201, nil,
+		checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+		checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody}), 201, nil,
 			fmt.Sprintf(`{"id":%d,"name":"Rex","categoryId":1,"status":"available"}`, i+1))
 	}
 }
@@ -268,11 +250,9 @@ func TestDiskFullForOthersOnly(t *testing.T) {
 func TestReadOnlyStorage(t *testing.T) {
 	dir := mountTmpfs(t, "16m")
 	path := filepath.Join(dir, "pets.db")
-	_, store := newTestServerAt(t, path)
-	if _, _, err := store.createPet(context.Background(), createRequest{pet: NewPet{Name: "Rex", CategoryID: 1, Status: "sold"}}); err != nil {
-		t.Fatal(err)
-	}
-	store.close()
+	svc := startService(t, nil, "-db", path)
+	createPets(t, svc.url, `{"name":"Rex","categoryId":1,"status":"sold"}`)
+	svc.stop()
 	chattrBin := needTool(t, "chattr", "apt-get install e2fsprogs")
 	chattr := func(flag string) {
 		t.Helper()
@@ -283,23 +263,24 @@ func TestReadOnlyStorage(t *testing.T) {
 	chattr("+i")
 	defer exec.Command(chattrBin, "-i", path).Run()
 
-	srv, _, logs := newLoggedServer(t, path, storeOptions{})
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil,
+	svc = startService(t, nil, "-db", path)
+	logs := svc.log
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets"}), 200, nil,
 		`[{"id":1,"name":"Rex","categoryId":1,"status":"sold"}]`)
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, readOnlyBody)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, readOnlyBody)
 	for range 30 {
-		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "5"}, readOnlyBody)
+		checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "5"}, readOnlyBody)
 	}
 	chattr("-i")
 	// No create needed: the store tries a write every second while a
 	// fault is in force, so it recovers by itself.
 	start := time.Now()
 	waitFor(t, patience, "health to recover", func() bool {
-		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 200
+		return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 200
 	})
 	t.Logf("read-only: 30 creates refused, %d fault lines, recovered %s after the file was writable again",
 		countLines(logs, `msg="storage fault`), time.Since(start).Round(time.Millisecond))
-	createPets(t, srv, newPetBody)
+	createPets(t, svc.url, newPetBody)
 	if n := countLines(logs, `level=ERROR msg="storage fault: [^"]*" fault="read-only: `); n != 1 {
 		t.Errorf("want 1 fault line, got %d:\n%s", n, logs)
 	}
@@ -314,8 +295,9 @@ func TestReadOnlyStorage(t *testing.T) {
 // 500, and the fault is logged once, not once per request.
 func TestFailingStorage(t *testing.T) {
 	dir := mountExt4(t)
-	srv, _, logs := newLoggedServer(t, filepath.Join(dir, "pets.db"), storeOptions{})
-	createPets(t, srv, newPetBody)
+	svc := startService(t, nil, "-db", filepath.Join(dir, "pets.db"))
+	logs := svc.log
+	createPets(t, svc.url, newPetBody)
 
 	// EXT4_IOC_SHUTDOWN with EXT4_GOING_FLAGS_NOLOGFLUSH: the filesystem
 	// fails every write from now on, until it is unmounted.
@@ -331,12 +313,12 @@ func TestFailingStorage(t *testing.T) {
 	// An I/O error is not retried: refused until a restart.
 	ioBody := errBody(503, codeStorageFailed, faultIO.message())
 	for range 200 {
-		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, ioBody)
+		checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, ioBody)
 	}
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, ioBody)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, ioBody)
 	// A pet the store cannot find may be one it cannot read: not a 404.
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/2"}), 503, map[string]string{"Retry-After": "60"}, ioBody)
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/1"}), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/2"}), 503, map[string]string{"Retry-After": "60"}, ioBody)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/1"}), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
 	if n := countLines(logs, `level=ERROR msg="a write or an fsync failed with an I/O error: [^"]*restart the service: SQLite recovers every acknowledged pet from the -wal`); n != 1 || countLines(logs, `level=ERROR`) != 1 {
 		t.Errorf("200 refused creates logged %d error lines, want the one that says to restart:\n%s", countLines(logs, `level=ERROR`), logs)
 	}
@@ -367,8 +349,9 @@ func damagePage(t *testing.T, path string) {
 // when the lock is released.
 func TestLockedByAnotherProcess(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
-	srv, _, logs := newLoggedServer(t, path, storeOptions{})
-	createPets(t, srv, newPetBody)
+	svc := startService(t, nil, "-db", path)
+	_, logs := svc.store, svc.log
+	createPets(t, svc.url, newPetBody)
 
 	other, err := sql.Open("sqlite3", path)
 	if err != nil {
@@ -388,7 +371,8 @@ func TestLockedByAnotherProcess(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+			r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody})
+			err := r.err
 			if err != nil {
 				t.Error(err)
 			}
@@ -399,13 +383,13 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	for _, r := range replies {
 		checkReply(t, r, 503, map[string]string{"Retry-After": "1"}, lockedBody)
 	}
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"}, lockedBody)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"}, lockedBody)
 	conn.ExecContext(context.Background(), "ROLLBACK")
 	conn.Close()
 	waitFor(t, patience, "health to recover", func() bool {
-		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 200
+		return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 200
 	})
-	createPets(t, srv, newPetBody)
+	createPets(t, svc.url, newPetBody)
 	checkFaultEpisodes(t, logs, "database locked", 4)
 }
 
@@ -460,25 +444,26 @@ func TestDamagedFile(t *testing.T) {
 	preloadPets(t, path, 5000)
 	damagePage(t, path)
 
-	srv, _, logs := newLoggedServer(t, path, storeOptions{})
+	svc := startService(t, nil, "-db", path)
+	_, logs := svc.store, svc.log
 	waitFor(t, patience, "health to report the damage", func() bool {
-		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 503
+		return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 503
 	})
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
 	if n := countLines(logs, `level=ERROR msg="database file is damaged: stop the service, [^"]*restore the latest backup[^"]*"`); n != 1 {
 		t.Errorf("want one error line on the damage, got %d:\n%s", n, logs)
 	}
 	statuses := map[int]int{}
 	for after := 0; after < 5000; after += 100 {
-		r := do(t, srv, call{method: "GET", path: "/v1/pets?limit=100&after=" + strconv.Itoa(after)})
+		r := send(t, svc.url, call{method: "GET", path: "/v1/pets?limit=100&after=" + strconv.Itoa(after)})
 		statuses[r.status]++
 		if r.status != 200 {
 			checkReply(t, r, 503, map[string]string{"Retry-After": "60"}, damagedBody)
 		}
 	}
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
 	// A pet the store cannot find may be in the damaged pages: not a 404.
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/5001"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/5001"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
 	t.Logf("damaged file: list pages answered %v", statuses)
 }
 
@@ -487,8 +472,8 @@ func TestDamagedFile(t *testing.T) {
 // instead of saying ok; once thawed, the create is answered 201.
 func TestFrozenStorage(t *testing.T) {
 	dir := mountExt4(t)
-	srv, _, _ := newLoggedServer(t, filepath.Join(dir, "pets.db"), storeOptions{})
-	createPets(t, srv, newPetBody)
+	svc := startService(t, nil, "-db", filepath.Join(dir, "pets.db"))
+	createPets(t, svc.url, newPetBody)
 	fsfreeze := needTool(t, "fsfreeze", "apt-get install util-linux")
 	if out, err := exec.Command(fsfreeze, "-f", dir).CombinedOutput(); err != nil {
 		t.Fatalf("fsfreeze: %v: %s", err, out)
@@ -503,7 +488,8 @@ func TestFrozenStorage(t *testing.T) {
 	defer thaw()
 	created := make(chan reply, 1)
 	go func() {
-		r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		err := r.err
 		if err != nil {
 			t.Error(err)
 		}
@@ -511,9 +497,9 @@ func TestFrozenStorage(t *testing.T) {
 	}()
 	notAnswering := errBody(503, codeUnavailable, faultNotAnswering.message())
 	waitFor(t, patience, "health to report the stuck commit", func() bool {
-		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 503
+		return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 503
 	})
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"}, notAnswering)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"}, notAnswering)
 	thaw()
 	select {
 	case r := <-created:
@@ -526,9 +512,9 @@ func TestFrozenStorage(t *testing.T) {
 	// A health read that the freeze held may still be finishing on a
 	// loaded machine: health recovers once it has.
 	waitFor(t, patience, "health to recover after the thaw", func() bool {
-		return do(t, srv, call{method: "GET", path: "/healthz"}).status == 200
+		return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 200
 	})
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
 }
 
 // TestFrozenCommitIsAnswered freezes the filesystem under the binary for
@@ -546,7 +532,8 @@ func TestFrozenCommitIsAnswered(t *testing.T) {
 	answers := map[int]int{}
 	cutOff := 0
 	stop := inLoops(t, 8, func() {
-		r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
+		r := send(t, base, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		err := r.err
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -577,7 +564,7 @@ func TestFrozenCommitIsAnswered(t *testing.T) {
 		t.Errorf("%d creates were cut off without an answer", cutOff)
 	}
 	stored := map[int64]bool{}
-	for _, p := range walkCatalogue(t, func(path string) reply { return send(t, "GET", base+path, testKey, "") }) {
+	for _, p := range walkCatalogue(t, base) {
 		stored[p.ID] = true
 	}
 	if diff := cmp.Diff(acked, stored); diff != "" {
@@ -599,10 +586,9 @@ func TestFrozenCommitIsAnswered(t *testing.T) {
 func TestReadOnlyMountAtStart(t *testing.T) {
 	dir := mountTmpfs(t, "4m")
 	stopped := filepath.Join(dir, "stopped.db")
-	srv, s := newTestServerAt(t, stopped)
-	createPets(t, srv, newPetBody)
-	srv.Close()
-	s.close()
+	svc := startService(t, nil, "-db", stopped)
+	createPets(t, svc.url, newPetBody)
+	svc.stop()
 	if _, err := backupDatabase(context.Background(), stopped, filepath.Join(dir, "journal.db")); err != nil {
 		t.Fatal(err)
 	}
@@ -615,8 +601,8 @@ func TestReadOnlyMountAtStart(t *testing.T) {
 		t.Fatalf("remount read-only: %v: %s", err, out)
 	}
 
-	srv, _ = newTestServerAt(t, stopped)
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/1"}), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
+	svc = startService(t, nil, "-db", stopped)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/1"}), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
 	for _, tt := range []struct{ file, need, sqliteSaid string }{
 		{"journal.db", "switch it to WAL, which writes to it", "attempt to write a readonly database"},
 		{"bare.db", "create bare.db-wal and -shm beside it", "unable to open database file: no such file or directory"},
@@ -668,7 +654,8 @@ func TestThinVolumeRunsOut(t *testing.T) {
 		n++
 		body, failing := fmt.Sprintf(`{"name":"%s %d","categoryId":1}`, strings.Repeat("n", 80), n), refused > 0
 		mu.Unlock()
-		r, err := trySend(t, "POST", base+"/v1/pets", testKey, body)
+		r := send(t, base, call{method: "POST", path: "/v1/pets", body: body})
+		err := r.err
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -696,9 +683,9 @@ func TestThinVolumeRunsOut(t *testing.T) {
 	}
 	ioBody := errBody(503, codeStorageFailed, faultIO.message())
 	for range 20 {
-		checkReply(t, send(t, "POST", base+"/v1/pets", testKey, newPetBody), 503, map[string]string{"Retry-After": "60"}, ioBody)
+		checkReply(t, send(t, base, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, ioBody)
 	}
-	checkReply(t, send(t, "GET", base+"/v1/pets/999999", testKey, ""), 503, map[string]string{"Retry-After": "60"}, ioBody)
+	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets/999999"}), 503, map[string]string{"Retry-After": "60"}, ioBody)
 	// From the I/O error on, the process writes nothing more to the
 	// files: no commit, no checkpoint, and no close that checkpoints.
 	strace := needTool(t, "strace", "apt-get install strace")
@@ -724,7 +711,7 @@ func TestThinVolumeRunsOut(t *testing.T) {
 	base, _ = startBinary(t, nil, []string{"-db", db}, nil)
 	unreadable := 0
 	for id := range acked {
-		if r := send(t, "GET", fmt.Sprintf("%s/v1/pets/%d", base, id), testKey, ""); r.status != 200 {
+		if r := send(t, base, call{method: "GET", path: fmt.Sprintf("/v1/pets/%d", id)}); r.status != 200 {
 			unreadable++
 		}
 	}
@@ -762,7 +749,8 @@ func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range n / 64 {
-					r, err := trySend(t, "GET", base+"/healthz", "", "")
+					r := send(t, base, call{method: "GET", path: "/healthz", header: noKey})
+					err := r.err
 					key := fmt.Sprint(r.status, " ", string(r.body))
 					if err != nil {
 						key = err.Error()
@@ -786,7 +774,7 @@ func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 
 	fillDisk(t, dir)
 	waitFor(t, patience, "/healthz to say the disk is full", func() bool {
-		return strings.Contains(string(send(t, "GET", base+"/healthz", "", "").body), "disk full")
+		return strings.Contains(string(send(t, base, call{method: "GET", path: "/healthz", header: noKey}).body), "disk full")
 	})
 	trace := exec.Command(strace, "-f", "-c", "-e", "trace=pwrite64,fsync,fdatasync", "-p", fmt.Sprint(cmd.Process.Pid))
 	summary := &syncBuffer{}
@@ -845,9 +833,8 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 				sent++
 				name, sentAfter := fmt.Sprintf("Pet %d", sent), seen
 				mu.Unlock()
-				r, err := trySend(t, "POST", base+"/v1/pets", testKey, `{"name":"`+name+`","categoryId":1}`)
-				if err != nil {
-					t.Error(err)
+				r := send(t, base, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":1}`})
+				if r.err != nil {
 					return
 				}
 				mu.Lock()
@@ -865,7 +852,7 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 				must(t, os.Remove(db+tt.file))
 			}
 			waitFor(t, patience, "creates to be refused", func() bool {
-				return send(t, "POST", base+"/v1/pets", testKey, `{"name":"Probe","categoryId":1}`).status == 503
+				return send(t, base, call{method: "POST", path: "/v1/pets", body: `{"name":"Probe","categoryId":1}`}).status == 503
 			})
 			mu.Lock()
 			seen = true // from here on the fault is known: not one more 201
@@ -881,8 +868,8 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 				want = errBody(503, codeUnavailable, faultReplaced.message())
 				logged = `level=ERROR msg="a file SQLite holds open was deleted or replaced[^"]*every pet it holds is saved[^"]*" saved=(\S+) command="petstore restore -from (\S+) -db ` + regexp.QuoteMeta(db) + `"`
 			}
-			checkReply(t, send(t, "POST", base+"/v1/pets", testKey, newPetBody), 503, map[string]string{"Retry-After": "60"}, want)
-			checkReply(t, send(t, "GET", base+"/healthz", "", ""), 503, map[string]string{"Retry-After": "60"}, want)
+			checkReply(t, send(t, base, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, want)
+			checkReply(t, send(t, base, call{method: "GET", path: "/healthz", header: noKey}), 503, map[string]string{"Retry-After": "60"}, want)
 			waitForLog(t, logs, logged, 1)
 			if n := countLines(logs, `level=ERROR`); n != 1 {
 				t.Errorf("%d ERROR lines, want 1:\n%s", n, logs)
@@ -898,7 +885,7 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 			}
 			base, _ = startBinary(t, nil, []string{"-db", db}, nil)
 			stored := map[string]bool{}
-			for _, p := range walkCatalogue(t, func(path string) reply { return send(t, "GET", base+path, testKey, "") }) {
+			for _, p := range walkCatalogue(t, base) {
 				stored[p.Name] = true
 			}
 			acked, refused := 0, 0
@@ -933,7 +920,8 @@ func TestOperatorBesideTheService(t *testing.T) {
 	var mu sync.Mutex
 	answers := map[int]int{}
 	stop := inLoops(t, 4, func() {
-		r, err := trySend(t, "POST", base+"/v1/pets", testKey, newPetBody)
+		r := send(t, base, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		err := r.err
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
@@ -969,7 +957,7 @@ SELECT max(id) FROM pets;
 	if n := countLines(logs, "level=(WARN|ERROR)"); n != 0 {
 		t.Errorf("%d WARN or ERROR lines:\n%s", n, logs)
 	}
-	stored := len(walkCatalogue(t, func(path string) reply { return send(t, "GET", base+path, testKey, "") }))
+	stored := len(walkCatalogue(t, base))
 	if stored != answers[201] {
 		t.Errorf("%d pets answered 201, %d stored", answers[201], stored)
 	}

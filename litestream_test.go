@@ -224,7 +224,7 @@ func TestLitestreamBesideALargeCatalogue(t *testing.T) {
 	}
 	served := map[int64]Pet{}
 	for next := fmt.Sprintf("/v1/pets?limit=100&after=%d", preloaded); next != ""; {
-		got := send(t, "GET", base+next, testKey, "")
+		got := send(t, base, call{method: "GET", path: next})
 		var pets []Pet
 		if got.status != 200 || json.Unmarshal(got.body, &pets) != nil {
 			t.Fatalf("GET %s: %d %s", next, got.status, got.body)
@@ -338,7 +338,7 @@ func TestLitestreamReplica(t *testing.T) {
 		// get ids above every restored one.
 		base, _ := startBinary(t, nil, []string{"-db", restored}, nil)
 		maxID := slices.Max(slices.Collect(maps.Keys(pets)))
-		got := send(t, "POST", base+"/v1/pets", testKey, `{"name":"After the restore","categoryId":1}`)
+		got := send(t, base, call{method: "POST", path: "/v1/pets", body: `{"name":"After the restore","categoryId":1}`})
 		if got.status != 201 {
 			t.Fatalf("create on the restored file: %d %s", got.status, got.body)
 		}

@@ -28,7 +28,7 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 type requestIDHandler struct{ slog.Handler }
 
 func (h requestIDHandler) Handle(ctx context.Context, r slog.Record) error {
-	if info, ok := lookupRequestInfo(ctx); ok {
+	if info, ok := infoOf(ctx); ok {
 		r.AddAttrs(slog.String("request_id", info.id))
 	}
 	return h.Handler.Handle(ctx, r)

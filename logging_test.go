@@ -22,13 +22,13 @@ func TestLogLevelAndFormat(t *testing.T) {
 		wantAccess string // a substring of the access line, or "" for none
 	}{
 		{nil, `level=INFO msg=request method=GET path=/healthz status=200 bytes=16 duration=`},
-		{[]string{"-log-level", "warn", "-addr", freeAddr(t)}, ""},
+		{[]string{"-log-level", "warn"}, ""},
 		{[]string{"-log-format", "json", "-log-level", "DEBUG"}, `"msg":"request","method":"GET","path":"/healthz","status":200,"bytes":16,"duration":`},
 	} {
-		env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")}
-		base, stderr, stop := startRun(t, append([]string{"-addr", "127.0.0.1:0"}, tt.args...), env)
-		send(t, "GET", base+"/healthz", "", "")
-		stop()
+		svc := startService(t, nil, tt.args...)
+		send(t, svc.url, call{method: "GET", path: "/healthz", header: noKey})
+		svc.stop()
+		stderr := svc.log
 		if got := strings.Contains(stderr.String(), `msg=request`) || strings.Contains(stderr.String(), `"msg":"request"`); got != (tt.wantAccess != "") || !strings.Contains(stderr.String(), tt.wantAccess) {
 			t.Errorf("%v: log\n%s\nwant access line %q", tt.args, stderr.String(), tt.wantAccess)
 		}
@@ -48,7 +48,12 @@ func TestStalledLogPipe(t *testing.T) {
 	// A request held up by the log would hang: the timeout only has to
 	// tell a hang from a slow machine.
 	client := &http.Client{Timeout: patience}
-	get := func() error { return get200(client, base+"/v1/pets?limit=1", testKey) }
+	get := func() error {
+		if r := send(t, base, call{method: "GET", path: "/v1/pets?limit=1", client: client}); r.status != 200 {
+			return fmt.Errorf("status %d: %v", r.status, r.err)
+		}
+		return nil
+	}
 	// Enough requests to overflow both the pipe (64 KiB) and the log's
 	// own queue (4 MiB, about 25,000 lines), so lines are dropped.
 	const clients, each = 8, 5000

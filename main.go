@@ -22,7 +22,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr, os.Environ()...); err != nil {
+	if err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "petstore: %v\n", err)
 		stop()
 		os.Exit(1)
@@ -34,12 +34,9 @@ func main() {
 const shutdownGrace = 10 * time.Second
 
 // run is the whole program. With no subcommand it serves until ctx is
-// cancelled; "backup", "restore" and "keygen" are one-shot commands. Every failure is
-// returned, never printed and swallowed.
-// environ is the whole environment, only to warn of PETSTORE_ variables
-// that nothing reads (a typo, a name from another program); the values
-// come from getenv.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, environ ...string) error {
+// cancelled; "backup", "restore" and "keygen" are one-shot commands. Every
+// failure is returned, never printed and swallowed.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) > 1 {
 		switch args[1] {
 		case "backup":
@@ -50,7 +47,33 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runKeygen(args[1:], stdout)
 		}
 	}
-	return serve(ctx, args, getenv, stdout, stderr, environ)
+	cfg, err := parseFlags(args, getenv, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if cfg.version {
+		fmt.Fprintln(stdout, versionLine())
+		return nil
+	}
+	// Logging must never hold up serving: lines go through a bounded
+	// queue, and a log reader that stalls or goes away costs lines, not
+	// requests. A reader gone makes writes fail with EPIPE, which must not
+	// kill the process as SIGPIPE does by default for stderr.
+	signal.Ignore(syscall.SIGPIPE)
+	logOut := newLogWriter(stderr, cfg.logFormat)
+	defer logOut.close(time.Second)
+	log := newLogger(logOut, cfg.logFormat, cfg.logLevel)
+	for _, name := range cfg.unknownVariables {
+		log.Warn("environment variable not read by petstore: it has no effect"+meantVariable(name, cfg.variables), "name", name)
+	}
+	svc, err := newService(cfg, getenv, log, logOut)
+	if err != nil {
+		return err
+	}
+	return svc.serve(ctx)
 }
 
 // versionLine describes the build, from what the Go toolchain recorded in
@@ -75,84 +98,58 @@ func versionLine() string {
 	return fmt.Sprintf("petstore %s (revision %s%s%s)", version, revision, when, modified)
 }
 
-// serve runs the HTTP service until ctx is cancelled.
-func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, environ []string) error {
-	cfg, err := parseFlags(args, getenv, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if cfg.version {
-		fmt.Fprintln(stdout, versionLine())
-		return nil
-	}
-	// Logging must never hold up serving: lines go through a bounded
-	// queue, and a log reader that stalls or goes away costs lines, not
-	// requests. A reader gone makes writes fail with EPIPE, which must not
-	// kill the process as SIGPIPE does by default for stderr.
-	signal.Ignore(syscall.SIGPIPE)
-	logOut := newLogWriter(stderr, cfg.logFormat)
-	defer logOut.close(time.Second)
-	stderr = logOut
-	log := newLogger(logOut, cfg.logFormat, cfg.logLevel)
-	for _, v := range unknownVariables(environ) {
-		msg := "environment variable not read by petstore: it has no effect"
-		if v.meant != "" {
-			msg += "; did you mean " + v.meant + "?"
-		}
-		log.Warn(msg, "name", v.name)
-	}
+// service is the running program: its listener, store, keys and server.
+type service struct {
+	cfg    config
+	log    *slog.Logger
+	ln     *limitListener
+	store  *petStore
+	keys   *keyRing
+	keySrc keySource
+	cert   *certificate // nil: plain HTTP
+	api    *server
+	srv    *http.Server
+}
 
-	keySrc := keySource{list: getenv("PETSTORE_API_KEYS"), file: cfg.apiKeysFile}
-	digests, err := keySrc.load()
+// newService loads the keys and the certificate, listens and opens the
+// store, in an order that makes the common mistakes fail at once: a bad
+// key or certificate before anything else, a busy port before the
+// database is opened.
+func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr io.Writer) (*service, error) {
+	s := &service{cfg: cfg, log: log, keySrc: keySource{list: getenv("PETSTORE_API_KEYS"), file: cfg.apiKeysFile}}
+	digests, err := s.keySrc.load()
 	if err != nil {
-		return err
-	}
-	if len(digests) == 0 && cfg.apiKeysFile != "" {
-		return fmt.Errorf("API keys file %s holds no key", cfg.apiKeysFile)
+		return nil, err
 	}
 	if len(digests) == 0 {
 		key, err := generateAPIKey()
 		if err != nil {
-			return fmt.Errorf("generate API key: %w", err)
+			return nil, fmt.Errorf("generate API key: %w", err)
 		}
 		fmt.Fprintf(stderr, "WARNING: no API key configured (PETSTORE_API_KEYS); using this generated key, which changes on every start:\n\n    %s\n\n", key)
-		digests, _ = parseAPIKeys(key)
+		digests = []keyDigest{digestOf(key)}
 	}
-	keys := newKeyRing(digests)
-
+	s.keys = newKeyRing(digests)
 	var tlsConfig *tls.Config
-	var cert *certificate // nil: plain HTTP
 	if cfg.tlsCert != "" {
-		// Loaded now, so a bad certificate fails the start, not the first
-		// handshake.
-		if cert, err = loadCertificate(cfg.tlsCert, cfg.tlsKey); err != nil {
-			return err
+		if s.cert, err = loadCertificate(cfg.tlsCert, cfg.tlsKey); err != nil {
+			return nil, err
 		}
-		tlsConfig = cert.tlsConfig()
+		tlsConfig = s.cert.tlsConfig()
 	}
-
-	// Listen before opening anything else, so a busy port fails at once.
 	tcpLn, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
+		return nil, fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
-	ln := newLimitListener(tcpLn, cfg.maxConns, cfg.maxConnsPerClient, tlsConfig == nil, log)
-	defer ln.Close()
-
-	store, err := openStore(cfg.db, storeOptions{log: log})
-	if err != nil {
-		return err
+	s.ln = newLimitListener(tcpLn, cfg.maxConns, log)
+	if s.store, err = openStore(cfg.db, storeOptions{log: log}); err != nil {
+		s.ln.Close()
+		return nil, err
 	}
-	defer store.close()
-
-	guard := newAuthGuard(log)
-	go guard.watch(ctx)
-	srv := &http.Server{
-		Handler: newHandler(&server{store: store, keys: keys, log: log, corsOrigins: cfg.corsOrigins,
-			createWithin: createDeadline(cfg.writeTimeout), limiter: newRateLimiter(cfg.rateLimit), guard: guard}),
+	s.api = &server{store: s.store, keys: s.keys, log: log, corsOrigins: cfg.corsOrigins,
+		createWithin: createDeadline(cfg.writeTimeout), limiter: newRateLimiter(cfg.rateLimit), guard: newAuthGuard(log)}
+	s.srv = &http.Server{
+		Handler:           newHandler(s.api),
 		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,
@@ -160,88 +157,93 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		IdleTimeout:       cfg.idleTimeout,
 		MaxHeaderBytes:    cfg.maxHeaderBytes,
 		ErrorLog:          newServerErrors(log),
-		ConnState:         ln.connState,
+		ConnState:         s.ln.connState,
 	}
+	return s, nil
+}
 
+// url is where the service answers.
+func (s *service) url() string {
+	if s.cert != nil {
+		return "https://" + s.ln.Addr().String()
+	}
+	return "http://" + s.ln.Addr().String()
+}
+
+// serve answers requests until ctx is cancelled, then shuts down within
+// shutdownGrace and closes the store. SIGHUP reloads the keys and the
+// certificate.
+func (s *service) serve(ctx context.Context) error {
+	defer s.ln.Close()
+	defer s.store.close()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	go reloadOnHUP(ctx, hup, keySrc, keys, cert, log)
-
+	go s.reloadOnHUP(ctx, hup)
 	serveErr := make(chan error, 1)
-	scheme := "http"
-	if tlsConfig != nil {
-		scheme = "https"
-		go func() { serveErr <- srv.ServeTLS(ln, "", "") }()
-	} else {
-		go func() { serveErr <- srv.Serve(ln) }()
-		if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
-			log.Warn("serving plain HTTP beyond loopback: API keys cross the network in clear text; use -tls-cert and -tls-key or a TLS proxy")
+	go func() {
+		if s.cert != nil {
+			serveErr <- s.srv.ServeTLS(s.ln, "", "")
+		} else {
+			serveErr <- s.srv.Serve(s.ln)
 		}
+	}()
+	if tcp, ok := s.ln.Addr().(*net.TCPAddr); ok && s.cert == nil && !tcp.IP.IsLoopback() {
+		s.log.Warn("serving plain HTTP beyond loopback: API keys cross the network in clear text; use -tls-cert and -tls-key or a TLS proxy")
 	}
-	log.Info("listening", "addr", scheme+"://"+ln.Addr().String(), "db", cfg.db)
-
+	s.log.Info("listening", "addr", s.url(), "db", s.cfg.db)
 	select {
 	case err := <-serveErr:
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	log.Info("shutting down", "grace", shutdownGrace.String())
+	s.log.Info("shutting down", "grace", shutdownGrace.String())
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
+	if err := s.srv.Shutdown(shutdownCtx); err != nil {
 		// Requests still running after the grace period are cut off; the
 		// database is still closed cleanly below.
-		log.Warn("requests still in flight after the grace period were cut off", "err", err)
-		srv.Close()
+		s.log.Warn("requests still in flight after the grace period were cut off", "err", err)
+		s.srv.Close()
 	}
-	if err := store.close(); err != nil {
+	if err := s.store.close(); err != nil {
 		return fmt.Errorf("close database: %w", err)
 	}
-	log.Info("stopped")
+	s.log.Info("stopped")
 	return nil
 }
 
 // reloadOnHUP re-reads the keys, and the TLS certificate when there is
 // one, on every SIGHUP, so a key is added or revoked and a renewed
-// certificate served without a restart. A file that does not parse changes
-// nothing: what was in force stays.
-func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, src keySource, keys *keyRing, cert *certificate, log *slog.Logger) {
+// certificate served without a restart. What does not load changes
+// nothing: what was in force stays, as a keys file with no key in it (all
+// comments, or emptied by a > typed for >>) would lock every client out.
+func (s *service) reloadOnHUP(ctx context.Context, hup <-chan os.Signal) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-hup:
 		}
-		if cert != nil {
-			if err := cert.reload(); err != nil {
-				log.Error("SIGHUP: TLS certificate not reloaded; the previous one stays in force", "err", err)
+		if s.cert != nil {
+			if err := s.cert.reload(); err != nil {
+				s.log.Error("SIGHUP: TLS certificate not reloaded; the previous one stays in force", "err", err)
 			} else {
-				log.Info("SIGHUP: TLS certificate reloaded", "cert", cert.certFile)
+				s.log.Info("SIGHUP: TLS certificate reloaded", "cert", s.cert.certFile)
 			}
 		}
-		reloadKeys(src, keys, log, cert != nil)
-	}
-}
-
-// reloadKeys is SIGHUP's reload of the keys.
-func reloadKeys(src keySource, keys *keyRing, log *slog.Logger, certToo bool) {
-	if src.file == "" {
-		if !certToo {
-			log.Warn("SIGHUP: no API keys file configured (-api-keys-file); nothing to reload")
+		if s.keySrc.file == "" {
+			if s.cert == nil {
+				s.log.Warn("SIGHUP: no API keys file configured (-api-keys-file); nothing to reload")
+			}
+			continue
 		}
-		return
+		digests, err := s.keySrc.load()
+		if err != nil {
+			s.log.Error("SIGHUP: API keys not reloaded; the previous keys stay in force", "err", err)
+			continue
+		}
+		s.keys.set(digests)
+		s.log.Info("SIGHUP: API keys reloaded", "keys", len(digests))
 	}
-	digests, err := src.load()
-	if err == nil && len(digests) == 0 {
-		// As at start: a file with no key (all comments, or emptied by
-		// a > typed for >>) would lock every client out.
-		err = fmt.Errorf("API keys file %s holds no key", src.file)
-	}
-	if err != nil {
-		log.Error("SIGHUP: API keys not reloaded; the previous keys stay in force", "err", err)
-		return
-	}
-	keys.set(digests)
-	log.Info("SIGHUP: API keys reloaded", "keys", len(digests))
 }

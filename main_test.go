@@ -38,30 +38,29 @@ import (
 func TestRun(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "run.db")
 	env := map[string]string{"PETSTORE_API_KEYS": " first-key-0123456789ab , " + testKey + " ,", "PETSTORE_DB": db}
-	base, stderr, stop := startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
+	svc := startService(t, env, "-db", db)
+	base, stderr := svc.url, svc.log
 
-	checkReply(t, send(t, "GET", base+"/healthz", "", ""), 200, nil, `{"status":"ok"}`)
-	checkReply(t, send(t, "POST", base+"/v1/pets", "first-key-0123456789ab", `{"name":"Rex","categoryId":1}`), 201,
+	checkReply(t, send(t, base, call{method: "GET", path: "/healthz", header: noKey}), 200, nil, `{"status":"ok"}`)
+	checkReply(t, send(t, base, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`, header: map[string]string{"Authorization": "Bearer " + "first-key-0123456789ab"}}), 201,
 		map[string]string{"Location": "/v1/pets/1"}, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
-	checkReply(t, send(t, "GET", base+"/v1/pets", testKey, ""), 200, nil, `[{"id":1,"name":"Rex","categoryId":1,"status":"available"}]`)
-	if err := stop(); err != nil {
-		t.Fatalf("run returned %v after cancel, want nil", err)
-	}
+	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets"}), 200, nil, `[{"id":1,"name":"Rex","categoryId":1,"status":"available"}]`)
+	svc.stop()
 	for _, secret := range []string{"first-key-0123456789ab", testKey} {
 		if strings.Contains(stderr.String(), "Bearer "+secret) || strings.Contains(stderr.String(), secret+" ") {
 			t.Errorf("log shows a key:\n%s", stderr.String())
 		}
 	}
 
-	base, _, _ = startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
-	checkReply(t, send(t, "GET", base+"/v1/pets/1", "first-key-0123456789ab", ""), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
+	base = startService(t, env, "-db", db).url
+	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets/1", header: map[string]string{"Authorization": "Bearer " + "first-key-0123456789ab"}}), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
 }
 
 // TestRunGeneratesKey: with no key configured the first start works at
 // once with a printed key.
 func TestRunGeneratesKey(t *testing.T) {
-	env := map[string]string{"PETSTORE_DB": filepath.Join(t.TempDir(), "run.db")}
-	base, stderr, _ := startRun(t, []string{"-addr", "127.0.0.1:0"}, env)
+	svc := startService(t, map[string]string{"PETSTORE_API_KEYS": ""})
+	base, stderr := svc.url, svc.log
 	m := regexp.MustCompile(`changes on every start:\n\n    (\S+)\n`).FindStringSubmatch(stderr.String())
 	if m == nil {
 		t.Fatalf("no generated key on stderr:\n%s", stderr.String())
@@ -69,8 +68,8 @@ func TestRunGeneratesKey(t *testing.T) {
 	if len(m[1]) < 22 { // 128 bits of base64
 		t.Errorf("generated key %d characters, want at least 22", len(m[1]))
 	}
-	checkReply(t, send(t, "GET", base+"/v1/pets", m[1], ""), 200, nil, `[]`)
-	checkReply(t, send(t, "GET", base+"/v1/pets", "guess", ""), 401, nil, errBody(401, codeUnauthorized, "invalid API key"))
+	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer " + m[1]}}), 200, nil, `[]`)
+	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer " + "guess"}}), 401, nil, errBody(401, codeUnauthorized, "invalid API key"))
 }
 
 func TestRunFailures(t *testing.T) {
@@ -146,8 +145,7 @@ func TestRunFailures(t *testing.T) {
 }
 
 func TestSlowClientIsCutOff(t *testing.T) {
-	env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(t.TempDir(), "pets.db")}
-	base, _, _ := startRun(t, []string{"-addr", "127.0.0.1:0", "-read-header-timeout", "500ms"}, env)
+	base := startService(t, nil, "-read-header-timeout", "500ms").url
 	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +176,7 @@ func TestSlowClientIsCutOff(t *testing.T) {
 	}()
 	// Others are served meanwhile.
 	for range 5 {
-		checkReply(t, send(t, "GET", base+"/healthz", "", ""), 200, nil, `{"status":"ok"}`)
+		checkReply(t, send(t, base, call{method: "GET", path: "/healthz", header: noKey}), 200, nil, `{"status":"ok"}`)
 		time.Sleep(50 * time.Millisecond)
 	}
 	// The connection is cut before the header is complete, however slow
@@ -202,8 +200,8 @@ func TestSlowClientIsCutOff(t *testing.T) {
 func TestTLS(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile, pool := writeTestCertificate(t, dir)
-	env := map[string]string{"PETSTORE_API_KEYS": testKey, "PETSTORE_DB": filepath.Join(dir, "pets.db")}
-	base, _, _ := startRun(t, []string{"-addr", "127.0.0.1:0", "-tls-cert", certFile, "-tls-key", keyFile}, env)
+	env := map[string]string{"PETSTORE_API_KEYS": testKey}
+	base := startService(t, nil, "-tls-cert", certFile, "-tls-key", keyFile).url
 	if !strings.HasPrefix(base, "https://") {
 		t.Fatalf("listening on %s, want https", base)
 	}
@@ -219,7 +217,7 @@ func TestTLS(t *testing.T) {
 	if resp.TLS == nil {
 		t.Error("answer did not come over TLS")
 	}
-	checkReply(t, reply{resp.StatusCode, resp.Header, b}, 201, map[string]string{"Location": "/v1/pets/1"},
+	checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 201, map[string]string{"Location": "/v1/pets/1"},
 		`{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
 
 	// Bad TLS settings fail the start with one line.
@@ -301,7 +299,7 @@ func TestCrashSafety(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
-		return reply{resp.StatusCode, resp.Header, b}, err
+		return reply{status: resp.StatusCode, header: resp.Header, body: b}, err
 	}
 	var wg sync.WaitGroup
 	for w := range 8 {
@@ -352,7 +350,7 @@ func TestCrashSafety(t *testing.T) {
 	base, proc = startBinary(t, nil, []string{"-db", db}, nil)
 	found := 0
 	for id, want := range acked {
-		got := send(t, "GET", fmt.Sprintf("%s/v1/pets/%d", base, id), testKey, "")
+		got := send(t, base, call{method: "GET", path: fmt.Sprintf("/v1/pets/%d", id)})
 		var p Pet
 		if got.status == 200 && json.Unmarshal(got.body, &p) == nil && p == want {
 			found++
@@ -380,7 +378,7 @@ func TestCrashSafety(t *testing.T) {
 		}
 	}
 	names := map[string]int{}
-	all := walkCatalogue(t, func(path string) reply { return send(t, "GET", base+path, testKey, "") })
+	all := walkCatalogue(t, base)
 	for _, p := range all {
 		names[p.Name]++
 	}
@@ -416,7 +414,7 @@ func TestCrashSafety(t *testing.T) {
 // 5xx or mention a locked database, and afterwards the catalogue holds
 // exactly the pets that were acknowledged.
 func TestLoadWithFaults(t *testing.T) {
-	srv, _ := newTestServer(t)
+	svc := startService(t, nil)
 	const clients = 32
 	duration := 3 * time.Second
 	var (
@@ -433,31 +431,13 @@ func TestLoadWithFaults(t *testing.T) {
 		}
 		mu.Unlock()
 	}
-	impatient := &http.Client{Transport: srv.Client().Transport, Timeout: time.Millisecond}
-	patient := &http.Client{Transport: srv.Client().Transport, Timeout: patience}
+	impatient := &http.Client{Timeout: time.Millisecond}
 	request := func(client *http.Client, method, path, body, key string) (reply, error) {
-		var rd io.Reader
-		if body != "" {
-			rd = strings.NewReader(body)
+		r := send(t, svc.url, call{method: method, path: path, body: body, header: map[string]string{"Idempotency-Key": key}, client: client})
+		if r.err == nil && (r.status >= 500 || bytes.Contains(r.body, []byte("locked")) || !json.Valid(r.body)) {
+			fail("%s %s: %d %s", method, path, r.status, r.body)
 		}
-		req, _ := http.NewRequest(method, srv.URL+path, rd)
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return reply{}, err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return reply{}, err
-		}
-		if resp.StatusCode >= 500 || bytes.Contains(b, []byte("locked")) || !json.Valid(b) {
-			fail("%s %s: %d %s", method, path, resp.StatusCode, b)
-		}
-		return reply{resp.StatusCode, resp.Header, b}, nil
+		return r, r.err
 	}
 	record := func(b []byte) {
 		var p Pet
@@ -487,7 +467,7 @@ func TestLoadWithFaults(t *testing.T) {
 						request(impatient, "POST", "/v1/pets", body, key)
 					}
 					for try := 0; ; try++ {
-						got, err := request(patient, "POST", "/v1/pets", body, key)
+						got, err := request(nil, "POST", "/v1/pets", body, key)
 						if err == nil && got.status == 201 {
 							record(got.body)
 							break
@@ -499,7 +479,7 @@ func TestLoadWithFaults(t *testing.T) {
 					}
 				case n < 40: // create without a key
 					kind = "create"
-					got, err := request(patient, "POST", "/v1/pets", fmt.Sprintf(`{"name":"plain-%d-%d","categoryId":1}`, c, op), "")
+					got, err := request(nil, "POST", "/v1/pets", fmt.Sprintf(`{"name":"plain-%d-%d","categoryId":1}`, c, op), "")
 					if err != nil || got.status != 201 {
 						fail("plain create: %v %d %s", err, got.status, got.body)
 						continue
@@ -507,7 +487,7 @@ func TestLoadWithFaults(t *testing.T) {
 					record(got.body)
 				case n < 50:
 					kind = "invalid create"
-					got, err := request(patient, "POST", "/v1/pets", invalid[rng.IntN(len(invalid))], "")
+					got, err := request(nil, "POST", "/v1/pets", invalid[rng.IntN(len(invalid))], "")
 					if err != nil || got.status != 400 {
 						fail("invalid create: %v %d %s", err, got.status, got.body)
 					}
@@ -517,13 +497,13 @@ func TestLoadWithFaults(t *testing.T) {
 					if rng.IntN(2) == 0 {
 						q += "&status=" + petStatuses[rng.IntN(3)]
 					}
-					if got, err := request(patient, "GET", q, "", ""); err != nil || got.status != 200 {
+					if got, err := request(nil, "GET", q, "", ""); err != nil || got.status != 200 {
 						fail("list %s: %v %d %s", q, err, got.status, got.body)
 					}
 				default:
 					kind = "get"
 					id := rng.Int64N(maxIDNow(&mu, &maxID)+5) + 1
-					if got, err := request(patient, "GET", fmt.Sprintf("/v1/pets/%d", id), "", ""); err != nil || (got.status != 200 && got.status != 404) {
+					if got, err := request(nil, "GET", fmt.Sprintf("/v1/pets/%d", id), "", ""); err != nil || (got.status != 200 && got.status != 404) {
 						fail("get %d: %v %d %s", id, err, got.status, got.body)
 					}
 				}
@@ -538,7 +518,7 @@ func TestLoadWithFaults(t *testing.T) {
 		t.Error(f)
 	}
 	stored := map[int64]Pet{}
-	for _, p := range walkCatalogue(t, func(path string) reply { return do(t, srv, call{method: "GET", path: path}) }) {
+	for _, p := range walkCatalogue(t, svc.url) {
 		stored[p.ID] = p
 	}
 	if diff := cmp.Diff(acked, stored); diff != "" {

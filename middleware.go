@@ -35,46 +35,30 @@ func secureHeaders(next http.Handler) http.Handler {
 }
 
 // requestInfo is what the access log learns about a request on its way
-// through: its id, and which key it used.
+// through: its id, and which key it used, by the first 8 hex digits of
+// the key's digest: enough to tell keys apart, useless to recover one.
 type requestInfo struct {
 	id     string
 	key    keyDigest // the SHA-256 of the key sent
 	hasKey bool      // a key was sent
 }
 
-// keyIDString is the key id as the log shows it: the first 8 hex digits
-// of the key's digest, or "".
-func (info *requestInfo) keyIDString() string {
-	if !info.hasKey {
-		return ""
-	}
-	return hex.EncodeToString(info.key[:4])
-}
-
 type requestInfoKey struct{}
 
-// lookupRequestInfo returns the request's info; ok is false outside
-// logRequests.
-func lookupRequestInfo(ctx context.Context) (info *requestInfo, ok bool) {
-	info, ok = ctx.Value(requestInfoKey{}).(*requestInfo)
-	return info, ok
-}
-
-// noteKeyID records which key a request sent, for the access log. The log
-// names a key by its digest's first 8 hex digits: enough to tell keys
-// apart, useless to recover one.
-func noteKeyID(r *http.Request, d keyDigest) {
-	info := requestInfoFrom(r.Context())
-	info.key, info.hasKey = d, true
-}
-
-// requestInfoFrom returns the request's info, or an empty one outside
-// logRequests.
-func requestInfoFrom(ctx context.Context) *requestInfo {
-	if info, ok := lookupRequestInfo(ctx); ok {
-		return info
+// infoOf returns the request's info; ok is false outside logRequests,
+// where an empty one is returned.
+func infoOf(ctx context.Context) (info *requestInfo, ok bool) {
+	if info, ok = ctx.Value(requestInfoKey{}).(*requestInfo); ok {
+		return info, true
 	}
-	return &requestInfo{}
+	return &requestInfo{}, false
+}
+
+// noteKeyID records which key a request sent, for the access log and the
+// rate limit.
+func noteKeyID(r *http.Request, d keyDigest) {
+	info, _ := infoOf(r.Context())
+	info.key, info.hasKey = d, true
 }
 
 // maxRequestID is the longest X-Request-Id kept from a client.
@@ -140,13 +124,17 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 		if !log.Enabled(ctx, slog.LevelInfo) {
 			return
 		}
+		keyID := ""
+		if info.hasKey {
+			keyID = hex.EncodeToString(info.key[:4])
+		}
 		log.LogAttrs(ctx, slog.LevelInfo, "request",
 			slog.String("method", r.Method),
 			slog.String("path", r.URL.Path),
 			slog.Int("status", rec.status),
 			slog.Int("bytes", rec.bytes),
 			slog.Duration("duration", time.Since(start)),
-			slog.String("key_id", info.keyIDString()))
+			slog.String("key_id", keyID))
 	})
 }
 
@@ -328,7 +316,8 @@ func (l *rateLimiter) limit(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ok, left, wait := l.take(requestInfoFrom(r.Context()).key, time.Now())
+		info, _ := infoOf(r.Context())
+		ok, left, wait := l.take(info.key, time.Now())
 		h := w.Header()
 		h["Ratelimit-Policy"] = l.policy
 		h["Ratelimit"] = []string{`"per-key";r=` + strconv.Itoa(left) + ";t=" + strconv.Itoa(wait)}

@@ -9,7 +9,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,7 +25,7 @@ import (
 // 400 that names the first few and counts the rest, not one as large as
 // the body.
 func TestCreatePetManyProblems(t *testing.T) {
-	srv, _ := newTestServer(t)
+	svc := startService(t, nil)
 	var b strings.Builder
 	b.WriteString(`{"name":"Rex","categoryId":1`)
 	const fields = 1500
@@ -34,7 +33,7 @@ func TestCreatePetManyProblems(t *testing.T) {
 		fmt.Fprintf(&b, `,"k%04d":0`, i)
 	}
 	b.WriteString("}")
-	got := do(t, srv, call{method: "POST", path: "/v1/pets", body: b.String()})
+	got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: b.String()})
 	var e apiError
 	if err := json.Unmarshal(got.body, &e); err != nil || got.status != 400 || e.Code != codeInvalidBody {
 		t.Fatalf("got %d %s", got.status, got.body)
@@ -63,7 +62,7 @@ func TestHostileBodies(t *testing.T) {
 	// waited that long for a CPU, before any body was read. Its 1,000
 	// clients all come from one address.
 	base, cmd := startBinary(t, nil, []string{"-db", filepath.Join(t.TempDir(), "pets.db"),
-		"-read-header-timeout", "2m", "-read-timeout", "2m", "-write-timeout", "2m", "-max-conns-per-client", "2000"}, logs)
+		"-read-header-timeout", "2m", "-read-timeout", "2m", "-write-timeout", "2m"}, logs)
 	big := `{"name":"` + strings.Repeat("x", 1<<20-64) + `","categoryId":1}`
 	post := func(client *http.Client, body io.Reader) (status int, answer []byte) {
 		req, _ := http.NewRequest("POST", base+"/v1/pets", body)
@@ -235,11 +234,9 @@ func TestPlainBodiesTakeTheFastPath(t *testing.T) {
 // service drains, is answered 413 at once, unread; one that stalls while
 // it is drained is answered when the drain's time runs out, not never.
 func TestOversizedBodiesAnsweredWithoutWaiting(t *testing.T) {
-	_, store := newTestServer(t)
-	digests, _ := parseAPIKeys(testKey)
-	// A second's create deadline, as a write timeout of 1.25 s gives.
-	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger(), createWithin: time.Second}))
-	defer srv.Close()
+	// A create deadline of about a second, as a write timeout of 1.25 s
+	// gives.
+	svc := startService(t, nil, "-write-timeout", "1250ms")
 	for _, tt := range []struct {
 		name, headers, sent string
 	}{
@@ -248,7 +245,7 @@ func TestOversizedBodiesAnsweredWithoutWaiting(t *testing.T) {
 		{"stalls while drained", "Content-Length: 1048576\r\n", strings.Repeat("x", 1024)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+			conn, err := net.Dial("tcp", strings.TrimPrefix(svc.url, "http://"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -261,7 +258,7 @@ func TestOversizedBodiesAnsweredWithoutWaiting(t *testing.T) {
 			}
 			defer resp.Body.Close()
 			b, _ := io.ReadAll(resp.Body)
-			checkReply(t, reply{resp.StatusCode, resp.Header, b}, 413, nil,
+			checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 413, nil,
 				errBody(413, codeBodyTooLarge, "request body is larger than 16384 bytes (16 KiB); a pet's body is well under 2 KB"))
 		})
 	}

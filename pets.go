@@ -161,7 +161,7 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := createRequest{pet: np, idempotencyKey: key}
-	if info := requestInfoFrom(r.Context()); info.hasKey {
+	if info, _ := infoOf(r.Context()); info.hasKey {
 		c.scope = idempotencyScope(info.key)
 	}
 	if s.createWithin > 0 {

@@ -46,14 +46,14 @@ func TestCreatePet(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv, _ := newTestServer(t)
-			got := do(t, srv, call{method: "POST", path: "/v1/pets", body: tt.body, header: tt.header})
+			svc := startService(t, nil)
+			got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: tt.body, header: tt.header})
 			checkReply(t, got, http.StatusCreated, map[string]string{"Location": "/v1/pets/1"}, tt.want)
 
 			// What was acknowledged is what is stored.
-			got = do(t, srv, call{method: "GET", path: "/v1/pets/1"})
+			got = send(t, svc.url, call{method: "GET", path: "/v1/pets/1"})
 			checkReply(t, got, http.StatusOK, nil, tt.want)
-			got = do(t, srv, call{method: "GET", path: "/v1/pets"})
+			got = send(t, svc.url, call{method: "GET", path: "/v1/pets"})
 			checkReply(t, got, http.StatusOK, nil, "["+tt.want+"]")
 		})
 	}
@@ -146,11 +146,11 @@ func TestCreatePetRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv, _ := newTestServer(t)
-			got := do(t, srv, call{method: "POST", path: "/v1/pets", body: tt.body, header: tt.header})
+			svc := startService(t, nil)
+			got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: tt.body, header: tt.header})
 			checkReply(t, got, tt.status, map[string]string{"Location": ""}, tt.want)
 			// Nothing was stored.
-			checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil, `[]`)
+			checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets"}), 200, nil, `[]`)
 		})
 	}
 }
@@ -158,22 +158,22 @@ func TestCreatePetRejects(t *testing.T) {
 // TestCreatePetTooLargeUnknownLength covers a chunked body, whose size is
 // only known once it has been read past the limit.
 func TestCreatePetTooLargeUnknownLength(t *testing.T) {
-	srv, _ := newTestServer(t)
+	svc := startService(t, nil)
 	body := io.MultiReader(strings.NewReader(`{"name":"`), strings.NewReader(strings.Repeat("a", maxBodyBytes)), strings.NewReader(`","categoryId":1}`))
-	req, _ := http.NewRequest("POST", srv.URL+"/v1/pets", body)
+	req, _ := http.NewRequest("POST", svc.url+"/v1/pets", body)
 	req.Header.Set("Authorization", "Bearer "+testKey)
-	resp, err := srv.Client().Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	checkReply(t, reply{resp.StatusCode, resp.Header, b}, 413, nil,
+	checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 413, nil,
 		errBody(413, codeBodyTooLarge, "request body is larger than 16384 bytes (16 KiB); a pet's body is well under 2 KB"))
 }
 
 func TestListPets(t *testing.T) {
-	srv, _ := newTestServer(t)
+	svc := startService(t, nil)
 	// 25 pets: ids 1..25; every third is pending, every fifth sold.
 	var all []string
 	statusOf := func(id int) string {
@@ -187,7 +187,7 @@ func TestListPets(t *testing.T) {
 	}
 	for id := 1; id <= 25; id++ {
 		body := fmt.Sprintf(`{"name":"pet %d","categoryId":%d,"status":"%s"}`, id, id%4+1, statusOf(id))
-		createPets(t, srv, body)
+		createPets(t, svc.url, body)
 		all = append(all, fmt.Sprintf(`{"id":%d,"name":"pet %d","categoryId":%d,"status":"%s"}`, id, id, id%4+1, statusOf(id)))
 	}
 	page := func(ids ...int) string {
@@ -260,7 +260,7 @@ func TestListPets(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := do(t, srv, call{method: "GET", path: "/v1/pets" + tt.query})
+			got := send(t, svc.url, call{method: "GET", path: "/v1/pets" + tt.query})
 			checkReply(t, got, tt.status, map[string]string{"Link": tt.link}, tt.want)
 		})
 	}
@@ -269,10 +269,10 @@ func TestListPets(t *testing.T) {
 // TestListPetsFollowLinks walks the whole catalogue by following next
 // links, as a client would, and must see every pet exactly once.
 func TestListPetsFollowLinks(t *testing.T) {
-	srv, _ := newTestServer(t)
+	svc := startService(t, nil)
 	for i := 1; i <= 23; i++ {
 		status := []string{"available", "pending", "sold"}[i%3]
-		createPets(t, srv, fmt.Sprintf(`{"name":"p%d","categoryId":1,"status":"%s"}`, i, status))
+		createPets(t, svc.url, fmt.Sprintf(`{"name":"p%d","categoryId":1,"status":"%s"}`, i, status))
 	}
 	linkRE := regexp.MustCompile(`^<(/v1/pets\?[^>]*)>; rel="next"$`)
 	for _, tt := range []struct {
@@ -285,7 +285,7 @@ func TestListPetsFollowLinks(t *testing.T) {
 			if pages > 30 {
 				t.Fatalf("%s: more pages than pets", tt.start)
 			}
-			got := do(t, srv, call{method: "GET", path: next})
+			got := send(t, svc.url, call{method: "GET", path: next})
 			if got.status != 200 {
 				t.Fatalf("GET %s: %d %s", next, got.status, got.body)
 			}
@@ -315,8 +315,8 @@ func TestListPetsFollowLinks(t *testing.T) {
 }
 
 func TestGetPet(t *testing.T) {
-	srv, _ := newTestServer(t)
-	createPets(t, srv, `{"name":"Rex","categoryId":3,"status":"sold"}`)
+	svc := startService(t, nil)
+	createPets(t, svc.url, `{"name":"Rex","categoryId":3,"status":"sold"}`)
 	deprecation := map[string]string{
 		"Deprecation": "@1795305600",
 		"Sunset":      "Thu, 05 Dec 2030 00:00:00 GMT",
@@ -351,7 +351,7 @@ func TestGetPet(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := do(t, srv, call{method: "GET", path: tt.path, header: tt.header})
+			got := send(t, svc.url, call{method: "GET", path: tt.path, header: tt.header})
 			checkReply(t, got, tt.status, deprecation, tt.want)
 		})
 	}
@@ -360,7 +360,7 @@ func TestGetPet(t *testing.T) {
 // TestConcurrentCreates sends many creates at once: none may fail with
 // "database is locked", and every acknowledged pet is stored once.
 func TestConcurrentCreates(t *testing.T) {
-	srv, _ := newTestServer(t)
+	svc := startService(t, nil)
 	const workers, each = 16, 20
 	var wg sync.WaitGroup
 	errs := make(chan string, workers*each)
@@ -369,9 +369,9 @@ func TestConcurrentCreates(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
-				req, _ := http.NewRequest("POST", srv.URL+"/v1/pets", strings.NewReader(fmt.Sprintf(`{"name":"w%d-%d","categoryId":1}`, w, i)))
+				req, _ := http.NewRequest("POST", svc.url+"/v1/pets", strings.NewReader(fmt.Sprintf(`{"name":"w%d-%d","categoryId":1}`, w, i)))
 				req.Header.Set("Authorization", "Bearer "+testKey)
-				resp, err := srv.Client().Do(req)
+				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					errs <- err.Error()
 					continue
@@ -390,7 +390,7 @@ func TestConcurrentCreates(t *testing.T) {
 		t.Error(e)
 	}
 	names := map[string]bool{}
-	for _, p := range walkCatalogue(t, func(path string) reply { return do(t, srv, call{method: "GET", path: path}) }) {
+	for _, p := range walkCatalogue(t, svc.url) {
 		names[p.Name] = true
 	}
 	if len(names) != workers*each {
@@ -405,34 +405,34 @@ func TestIdempotencyKey(t *testing.T) {
 	badKey := func(msg string) string { return errBody(400, codeInvalidParameter, msg) }
 
 	t.Run("retries replay the first answer", func(t *testing.T) {
-		srv, _ := newTestServer(t)
-		first := do(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("order-42")})
+		svc := startService(t, nil)
+		first := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("order-42")})
 		checkReply(t, first, 201, map[string]string{"Location": "/v1/pets/1", "Idempotent-Replayed": ""}, created)
 		for _, tt := range []struct{ name, body, key string }{
 			{"same body", rex, "order-42"},
 			{"same pet written differently", `{ "categoryId": 1, "status": "available", "name": "Rex" }`, "order-42"},
 			{"key as a structured-field string", rex, `"order-42"`},
 		} {
-			got := do(t, srv, call{method: "POST", path: "/v1/pets", body: tt.body, header: withKey(tt.key)})
+			got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: tt.body, header: withKey(tt.key)})
 			checkReply(t, got, 201, map[string]string{"Location": "/v1/pets/1", "Idempotent-Replayed": "true"}, created)
 		}
 		// Another key is another pet; the same key with another pet is refused.
-		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("order-43")}), 201,
+		checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("order-43")}), 201,
 			map[string]string{"Location": "/v1/pets/2"}, `{"id":2,"name":"Rex","categoryId":1,"status":"available"}`)
-		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Tom","categoryId":1}`, header: withKey("order-42")}), 422,
+		checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Tom","categoryId":1}`, header: withKey("order-42")}), 422,
 			map[string]string{"Location": ""},
 			errBody(422, codeIdempotencyKeyReused, "this Idempotency-Key was already used for a different pet; use a new key for a new request"))
-		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1,"status":"sold"}`, header: withKey("order-42")}), 422,
+		checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1,"status":"sold"}`, header: withKey("order-42")}), 422,
 			nil, errBody(422, codeIdempotencyKeyReused, "this Idempotency-Key was already used for a different pet; use a new key for a new request"))
 		// An invalid body is a 400 whatever the key.
-		checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex"}`, header: withKey("order-42")}), 400,
+		checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex"}`, header: withKey("order-42")}), 400,
 			nil, errBody(400, codeInvalidBody, "categoryId is required"))
-		checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil,
+		checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets"}), 200, nil,
 			`[`+created+`,{"id":2,"name":"Rex","categoryId":1,"status":"available"}]`)
 	})
 
 	t.Run("key rules", func(t *testing.T) {
-		srv, _ := newTestServer(t)
+		svc := startService(t, nil)
 		for _, tt := range []struct {
 			name   string
 			key    string
@@ -447,27 +447,27 @@ func TestIdempotencyKey(t *testing.T) {
 			{"bad escape in quotes", `"a\b"`, 400, badKey(`Idempotency-Key must be 1 to 255 printable ASCII characters (a quoted key may escape only \ and ")`)},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				got := do(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey(tt.key)})
+				got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: rex, header: withKey(tt.key)})
 				checkReply(t, got, tt.status, nil, tt.want)
 			})
 		}
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/pets", strings.NewReader(rex))
+		req, _ := http.NewRequest("POST", svc.url+"/v1/pets", strings.NewReader(rex))
 		req.Header.Set("Authorization", "Bearer "+testKey)
 		req.Header.Add("Idempotency-Key", "a")
 		req.Header.Add("Idempotency-Key", "b")
-		resp, err := srv.Client().Do(req)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		checkReply(t, reply{resp.StatusCode, resp.Header, b}, 400, nil, badKey("send one Idempotency-Key header, not several"))
+		checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 400, nil, badKey("send one Idempotency-Key header, not several"))
 		// Only the 255-character key created a pet.
-		checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil, "["+created+"]")
+		checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets"}), 200, nil, "["+created+"]")
 	})
 
 	t.Run("concurrent requests with one key create one pet", func(t *testing.T) {
-		srv, _ := newTestServer(t)
+		svc := startService(t, nil)
 		const n = 24
 		var wg sync.WaitGroup
 		replies := make([]reply, n)
@@ -475,7 +475,8 @@ func TestIdempotencyKey(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("same")})
+				r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("same")})
+				err := r.err
 				if err != nil {
 					t.Error(err)
 				}
@@ -493,7 +494,7 @@ func TestIdempotencyKey(t *testing.T) {
 		if replayed != n-1 {
 			t.Errorf("%d replays, want %d", replayed, n-1)
 		}
-		checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets"}), 200, nil, "["+created+"]")
+		checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets"}), 200, nil, "["+created+"]")
 	})
 }
 
@@ -501,7 +502,7 @@ func TestIdempotencyKey(t *testing.T) {
 // committed in shared batches), every client that got a 201 sees its pet
 // at once by get and by list.
 func TestReadYourWrites(t *testing.T) {
-	srv, _ := newTestServer(t)
+	svc := startService(t, nil)
 	var wg sync.WaitGroup
 	for w := range 16 {
 		wg.Add(1)
@@ -509,19 +510,22 @@ func TestReadYourWrites(t *testing.T) {
 			defer wg.Done()
 			for i := range 15 {
 				body := fmt.Sprintf(`{"name":"ryw %d-%d","categoryId":%d,"status":"sold"}`, w, i, w+1)
-				created, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: body})
+				created := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: body})
+				err := created.err
 				if err != nil || created.status != 201 {
 					t.Errorf("create: %v %d %s", err, created.status, created.body)
 					return
 				}
-				got, err := tryDo(t, srv, call{method: "GET", path: created.header.Get("Location")})
+				got := send(t, svc.url, call{method: "GET", path: created.header.Get("Location")})
+				err = got.err
 				if err != nil || got.status != 200 || !bytes.Equal(got.body, created.body) {
 					t.Errorf("get after 201: %v %d %s, want %s", err, got.status, got.body, created.body)
 				}
 				var p Pet
 				json.Unmarshal(created.body, &p)
 				for _, q := range []string{"", "&status=sold"} {
-					list, err := tryDo(t, srv, call{method: "GET", path: fmt.Sprintf("/v1/pets?limit=1&after=%d%s", p.ID-1, q)})
+					list := send(t, svc.url, call{method: "GET", path: fmt.Sprintf("/v1/pets?limit=1&after=%d%s", p.ID-1, q)})
+					err := list.err
 					if err != nil {
 						t.Error(err)
 						continue

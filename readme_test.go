@@ -89,7 +89,7 @@ func readmeSession(t *testing.T, readme string) (env map[string]string, args []s
 			args[i+1] = filepath.Join(t.TempDir(), args[i+1])
 		}
 	}
-	return env, append([]string{"-addr", "127.0.0.1:0"}, args...)
+	return env, args
 }
 
 // TestREADMESize: the README is a newcomer's page, read in minutes; what
@@ -128,7 +128,7 @@ func TestREADMEExamples(t *testing.T) {
 		t.Fatalf("found %d curl examples in the documents; the reader is broken", len(examples))
 	}
 	env, args := readmeSession(t, string(readme))
-	base, _, _ := startRun(t, args, env)
+	base := startService(t, env, args...).url
 	for _, ex := range examples {
 		where := fmt.Sprintf("%s:%d: %s", ex.file, ex.line, ex.cmd)
 		if len(ex.want) == 0 {

@@ -4,10 +4,12 @@
 package main
 
 import (
+	_ "embed"
 	"errors"
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -41,8 +43,8 @@ func (s *server) routes() []route {
 	return []route{
 		{method: "GET", path: "/", handler: serveIndex, public: true},
 		{method: "GET", path: "/healthz", handler: s.health, public: true},
-		{method: "GET", path: "/openapi.yaml", handler: serveOpenAPI, public: true},
-		{method: "GET", path: "/openapi.json", handler: serveOpenAPIJSON, public: true},
+		{method: "GET", path: "/openapi.yaml", handler: serveOpenAPI("application/yaml"), public: true},
+		{method: "GET", path: "/openapi.json", handler: serveOpenAPI("application/json"), public: true},
 		{method: "GET", path: "/v1/pets", handler: s.listPets},
 		{method: "POST", path: "/v1/pets", handler: s.createPet},
 		{method: "GET", path: "/v1/pets/{petId}", handler: s.getPet, deprecated: true},
@@ -158,4 +160,23 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		Status string `json:"status"`
 	}{"ok"})
+}
+
+// openapiDocument is openapi.json, the OpenAPI document of this API,
+// built into the binary so the running service describes itself.
+//
+//go:embed openapi.json
+var openapiDocument []byte
+
+// serveOpenAPI answers the document without a key, as written, in the
+// given media type: JSON is also YAML (YAML 1.2 is a superset of JSON),
+// so one document serves tools that ask for either (RFC 9512 names
+// application/yaml).
+func serveOpenAPI(mediaType string) http.HandlerFunc {
+	contentType := []string{mediaType}
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["Content-Type"] = contentType
+		w.Header()["Content-Length"] = []string{strconv.Itoa(len(openapiDocument))}
+		w.Write(openapiDocument)
+	}
 }

@@ -5,7 +5,7 @@ import (
 )
 
 func TestRouting(t *testing.T) {
-	srv, _ := newTestServer(t)
+	svc := startService(t, nil)
 	deprecation := map[string]string{"Deprecation": "@1795305600", "Sunset": "Thu, 05 Dec 2030 00:00:00 GMT"}
 	tests := []struct {
 		name   string
@@ -43,12 +43,12 @@ func TestRouting(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			checkReply(t, do(t, srv, tt.c), tt.status, tt.header, tt.want)
+			checkReply(t, send(t, svc.url, tt.c), tt.status, tt.header, tt.want)
 		})
 	}
 
 	t.Run("HEAD is GET without a body", func(t *testing.T) {
-		got := do(t, srv, call{method: "HEAD", path: "/v1/pets"})
+		got := send(t, svc.url, call{method: "HEAD", path: "/v1/pets"})
 		if got.status != 200 || len(got.body) != 0 || got.header.Get("Content-Type") != "application/json" {
 			t.Errorf("HEAD /v1/pets = %d %q %q", got.status, got.header.Get("Content-Type"), got.body)
 		}
@@ -56,15 +56,16 @@ func TestRouting(t *testing.T) {
 }
 
 func TestHealthUnavailable(t *testing.T) {
-	srv, store := newTestServer(t)
+	svc := startService(t, nil)
+	store := svc.store
 	store.close()
-	checkReply(t, do(t, srv, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"},
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"},
 		errBody(503, codeUnavailable, "database not answering"))
 	// A store failure on the API is a 500 that says nothing of the cause,
 	// only the request id to quote.
 	id := map[string]string{"X-Request-Id": "back-office-42"}
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets", header: id}), 500, id,
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets", header: id}), 500, id,
 		errBody(500, codeInternalError, "internal error (request id back-office-42)"))
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`, header: id}), 500, id,
+	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`, header: id}), 500, id,
 		errBody(500, codeInternalError, "internal error (request id back-office-42)"))
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -129,7 +128,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 	if diff := cmp.Diff(Pet{ID: 1, Name: "Old", CategoryID: 4, Status: "sold"}, got); diff != "" {
 		t.Errorf("pet after migration (-want +got):\n%s", diff)
 	}
-	req := createRequest{pet: NewPet{Name: "New", CategoryID: 1, Status: "available"}, idempotencyKey: "k", scope: idempotencyScope(sha256Sum(testKey))}
+	req := createRequest{pet: NewPet{Name: "New", CategoryID: 1, Status: "available"}, idempotencyKey: "k", scope: idempotencyScope(digestOf(testKey))}
 	first, _, err := s.createPet(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
@@ -256,20 +255,11 @@ func TestIdempotencyKeysBelongToTheirAPIKey(t *testing.T) {
 		}
 	}
 	db.Close()
-	store, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.close() })
 	const second = "second-key-0123456789ab"
-	digests, err := parseAPIKeys(testKey + "," + second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(newHandler(&server{store: store, keys: newKeyRing(digests), log: quietLogger()}))
-	t.Cleanup(srv.Close)
+	svc := startService(t, map[string]string{"PETSTORE_API_KEYS": testKey + "," + second}, "-db", path)
+	store := svc.store
 	create := func(apiKey, body string) reply {
-		return do(t, srv, call{method: "POST", path: "/v1/pets", body: body,
+		return send(t, svc.url, call{method: "POST", path: "/v1/pets", body: body,
 			header: map[string]string{"Authorization": "Bearer " + apiKey, "Idempotency-Key": "order-1"}})
 	}
 	rex := `{"name":"Rex","categoryId":1}`

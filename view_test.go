@@ -102,9 +102,10 @@ func TestViewMatchesSQLite(t *testing.T) {
 // 250 ms, which a loaded machine may stretch).
 func TestViewSeesExternalWrites(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
-	srv, s := newTestServerAt(t, path)
+	svc := startService(t, nil, "-db", path)
+	s := svc.store
 	for i := range 10 {
-		createPets(t, srv, fmt.Sprintf(`{"name":"Pet %d","categoryId":%d}`, i+1, i+1))
+		createPets(t, svc.url, fmt.Sprintf(`{"name":"Pet %d","categoryId":%d}`, i+1, i+1))
 	}
 	other, err := sql.Open("sqlite3", path)
 	if err != nil {
@@ -126,19 +127,19 @@ func TestViewSeesExternalWrites(t *testing.T) {
 		`{"id":8,"name":"Pet 8","categoryId":8,"status":"available"},{"id":9,"name":"Pet 9","categoryId":9,"status":"available"},` +
 		`{"id":10,"name":"Pet 10","categoryId":10,"status":"available"},{"id":100,"name":"Hand-made","categoryId":9,"status":"pending"}]`
 	waitFor(t, patience, "the API to show the edit", func() bool {
-		r := do(t, srv, call{method: "GET", path: "/v1/pets"})
+		r := send(t, svc.url, call{method: "GET", path: "/v1/pets"})
 		return strings.TrimSpace(string(r.body)) == want
 	})
 	t.Logf("an edit from another connection was served %s later", time.Since(edited).Round(time.Millisecond))
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/3"}), 404, nil, errBody(404, codeNotFound, "no pet with id 3"))
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets?status=sold"}), 200, nil,
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/3"}), 404, nil, errBody(404, codeNotFound, "no pet with id 3"))
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?status=sold"}), 200, nil,
 		`[{"id":5,"name":"Renamed","categoryId":5,"status":"sold"}]`)
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets?status=pending&after=5"}), 200, nil,
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?status=pending&after=5"}), 200, nil,
 		`[{"id":100,"name":"Hand-made","categoryId":9,"status":"pending"}]`)
 	// New pets go above every id, also the hand-made one.
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}), 201, nil,
+	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}), 201, nil,
 		`{"id":101,"name":"After","categoryId":1,"status":"available"}`)
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets?after=99"}), 200, nil,
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?after=99"}), 200, nil,
 		`[{"id":100,"name":"Hand-made","categoryId":9,"status":"pending"},{"id":101,"name":"After","categoryId":1,"status":"available"}]`)
 	checkViewMatchesSQLite(t, s, 102)
 }
@@ -148,8 +149,9 @@ func TestViewSeesExternalWrites(t *testing.T) {
 // inserted from outside is read in without a rebuild.
 func TestViewCatchesUpOutsideAppends(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
-	srv, s, logs := newLoggedServer(t, path, storeOptions{})
-	createPets(t, srv, `{"name":"A","categoryId":1}`, `{"name":"B","categoryId":2}`, `{"name":"C","categoryId":3}`)
+	svc := startService(t, nil, "-db", path)
+	s, logs := svc.store, svc.log
+	createPets(t, svc.url, `{"name":"A","categoryId":1}`, `{"name":"B","categoryId":2}`, `{"name":"C","categoryId":3}`)
 	waitFor(t, 30*time.Second, "the view did not load", func() bool { return s.view.published.Load() != nil })
 	other, err := sql.Open("sqlite3", path)
 	if err != nil {
@@ -169,11 +171,11 @@ func TestViewCatchesUpOutsideAppends(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "the outside insert was not served", func() bool {
-		return do(t, srv, call{method: "GET", path: "/v1/pets/4"}).status == 200
+		return send(t, svc.url, call{method: "GET", path: "/v1/pets/4"}).status == 200
 	})
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"D","categoryId":5}`}), 201, nil,
+	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"D","categoryId":5}`}), 201, nil,
 		`{"id":5,"name":"D","categoryId":5,"status":"available"}`)
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets?after=2"}), 200, nil,
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?after=2"}), 200, nil,
 		`[{"id":3,"name":"C","categoryId":3,"status":"available"},{"id":4,"name":"Outside","categoryId":4,"status":"sold"},`+
 			`{"id":5,"name":"D","categoryId":5,"status":"available"}]`)
 	if n := countLines(logs, `msg="in-memory view loaded"`); n != 1 {
@@ -193,7 +195,8 @@ func TestOutsideInsertDuringLoad(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	const n = 200000
 	preloadPets(t, path, n)
-	srv, s, logs := newLoggedServer(t, path, storeOptions{})
+	svc := startService(t, nil, "-db", path)
+	s, logs := svc.store, svc.log
 	other, err := sql.Open("sqlite3", path)
 	if err != nil {
 		t.Fatal(err)
@@ -205,11 +208,11 @@ func TestOutsideInsertDuringLoad(t *testing.T) {
 	loadedFirst := s.view.published.Load() != nil
 	waitFor(t, 60*time.Second, "the view did not load", func() bool { return countLines(logs, `msg="in-memory view loaded"`) == 1 })
 	waitFor(t, 30*time.Second, "the outside insert was not served", func() bool {
-		return do(t, srv, call{method: "GET", path: "/v1/pets/200001"}).status == 200
+		return send(t, svc.url, call{method: "GET", path: "/v1/pets/200001"}).status == 200
 	})
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets?after=199999"}), 200, nil,
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?after=199999"}), 200, nil,
 		`[{"id":200000,"name":"pet number 200000","categoryId":1,"status":"sold"},{"id":200001,"name":"Outside","categoryId":4,"status":"sold"}]`)
-	checkReply(t, do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":1}`}), 201, nil,
+	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":1}`}), 201, nil,
 		`{"id":200002,"name":"New","categoryId":1,"status":"available"}`)
 	t.Logf("the view had loaded before the outside insert: %v", loadedFirst)
 }
@@ -255,16 +258,17 @@ func restoreUnder(t *testing.T, src, dst string) {
 func TestCatalogueWentBack(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "pets.db")
-	srv, s, logs := newLoggedServer(t, path, storeOptions{})
+	svc := startService(t, nil, "-db", path)
+	logs := svc.log
 	for i := range 5 {
-		createPets(t, srv, fmt.Sprintf(`{"name":"Old %d","categoryId":1}`, i+1))
+		createPets(t, svc.url, fmt.Sprintf(`{"name":"Old %d","categoryId":1}`, i+1))
 	}
 	older := filepath.Join(dir, "older.db")
 	if _, err := backupDatabase(context.Background(), path, older); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		createPets(t, srv, fmt.Sprintf(`{"name":"New %d","categoryId":2}`, i+1))
+		createPets(t, svc.url, fmt.Sprintf(`{"name":"New %d","categoryId":2}`, i+1))
 	}
 
 	// Clients keep creating through the restore; every 201 is recorded.
@@ -276,7 +280,8 @@ func TestCatalogueWentBack(t *testing.T) {
 	var n atomic.Int64
 	stop := inLoops(t, 4, func() {
 		name := fmt.Sprintf("Client pet %d", n.Add(1))
-		r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":3}`})
+		r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":3}`})
+		err := r.err
 		if err != nil {
 			t.Error(err)
 			return
@@ -311,9 +316,9 @@ func TestCatalogueWentBack(t *testing.T) {
 	t.Logf("%d creates acknowledged to the clients around the restore, 0 ids twice", len(acked))
 
 	want := errBody(503, codeAcknowledgedPetsMissing, faultWentBack.message())
-	got := do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Late","categoryId":1}`})
+	got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Late","categoryId":1}`})
 	checkReply(t, got, 503, map[string]string{"Retry-After": "60"}, want)
-	got = do(t, srv, call{method: "GET", path: "/healthz"})
+	got = send(t, svc.url, call{method: "GET", path: "/healthz"})
 	checkReply(t, got, 503, map[string]string{"Retry-After": "60"}, want)
 	if n := countLines(logs, `level=ERROR msg="the database file went back`); n != 1 {
 		t.Errorf("%d ERROR lines for the restore, want 1:\n%s", n, logs)
@@ -326,15 +331,14 @@ func TestCatalogueWentBack(t *testing.T) {
 	}
 	// Reads serve what the file holds.
 	waitFor(t, 30*time.Second, "reads did not serve the restored file", func() bool {
-		r := do(t, srv, call{method: "GET", path: "/v1/pets?after=4"})
+		r := send(t, svc.url, call{method: "GET", path: "/v1/pets?after=4"})
 		return strings.TrimSpace(string(r.body)) == `[{"id":5,"name":"Old 5","categoryId":1,"status":"available"}]`
 	})
 
 	// A restart accepts the file as it is, and issues ids above it.
-	srv.Close()
-	s.close()
-	srv2, _ := newTestServerAt(t, path)
-	checkReply(t, do(t, srv2, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}), 201, nil,
+	svc.stop()
+	svc = startService(t, nil, "-db", path)
+	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}), 201, nil,
 		`{"id":6,"name":"After","categoryId":1,"status":"available"}`)
 }
 
@@ -343,9 +347,10 @@ func TestCatalogueWentBack(t *testing.T) {
 // view never serves the replaced pet.
 func TestViewSeesReplaces(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
-	srv, s, logs := newLoggedServer(t, path, storeOptions{})
-	createPets(t, srv, `{"name":"A","categoryId":1}`, `{"name":"B","categoryId":2}`)
-	keyed := do(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"Keyed","categoryId":3}`, header: map[string]string{"Idempotency-Key": "k2"}})
+	svc := startService(t, nil, "-db", path)
+	s, logs := svc.store, svc.log
+	createPets(t, svc.url, `{"name":"A","categoryId":1}`, `{"name":"B","categoryId":2}`)
+	keyed := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Keyed","categoryId":3}`, header: map[string]string{"Idempotency-Key": "k2"}})
 	checkReply(t, keyed, 201, nil, `{"id":3,"name":"Keyed","categoryId":3,"status":"available"}`)
 	waitFor(t, patience, "the view to load", func() bool { return s.view.published.Load() != nil })
 	other, err := sql.Open("sqlite3", path)
@@ -364,9 +369,9 @@ func TestViewSeesReplaces(t *testing.T) {
 	want := `[{"id":1,"name":"A","categoryId":1,"status":"available"},{"id":2,"name":"B again","categoryId":5,"status":"pending"},` +
 		`{"id":4,"name":"Ghost","categoryId":1,"status":"sold"}]`
 	waitFor(t, patience, "the API to show the replaces", func() bool {
-		return strings.TrimSpace(string(do(t, srv, call{method: "GET", path: "/v1/pets"}).body)) == want
+		return strings.TrimSpace(string(send(t, svc.url, call{method: "GET", path: "/v1/pets"}).body)) == want
 	})
-	checkReply(t, do(t, srv, call{method: "GET", path: "/v1/pets/3"}), 404, nil, errBody(404, codeNotFound, "no pet with id 3"))
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/3"}), 404, nil, errBody(404, codeNotFound, "no pet with id 3"))
 	waitForLog(t, logs, `msg="in-memory view is rebuilt" why="the pets table changed from outside`, 1)
 	waitFor(t, patience, "the rebuilt view", func() bool { return s.view.published.Load() != nil })
 	checkViewMatchesSQLite(t, s, 5)
@@ -379,7 +384,8 @@ func TestLoadCatchesUpItsOwnCreates(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	const n = 1000000
 	preloadPets(t, path, n)
-	_, s, logs := newLoggedServer(t, path, storeOptions{})
+	svc := startService(t, nil, "-db", path)
+	s, logs := svc.store, svc.log
 	var created atomic.Int64
 	stop := inLoops(t, 64, func() {
 		if _, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: "During", CategoryID: 1, Status: "sold"}}); err != nil {

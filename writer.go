@@ -362,7 +362,11 @@ func (s *petStore) probeWrite(w **batchWriter) {
 			*w = fresh
 		}
 	}
+	// A probe does not wait for a lock another process holds: that would
+	// hold up the creates queued behind it.
 	ctx := context.Background()
+	(*w).conn.ExecContext(ctx, "PRAGMA busy_timeout = 0")
+	defer (*w).conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
 	s.commitStart.Store(time.Now().UnixNano())
 	err := (*w).inTx(ctx, func() error {
 		_, err := (*w).conn.ExecContext(ctx, probeSQL)

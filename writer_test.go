@@ -183,7 +183,8 @@ func TestWriterRefusesAnIDHeldBefore(t *testing.T) {
 // and answers the refused one with its own cause.
 func TestOneRefusedCreateSparesItsBatch(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
-	srv, s, _ := newLoggedServer(t, path, storeOptions{})
+	svc := startService(t, nil, "-db", path)
+	s, _ := svc.store, svc.log
 	other, err := sql.Open("sqlite3", path)
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +204,8 @@ func TestOneRefusedCreateSparesItsBatch(t *testing.T) {
 	}
 	create := func(name string, into *reply) func() {
 		return func() {
-			r, err := tryDo(t, srv, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":1}`})
+			r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":1}`})
+			err := r.err
 			if err != nil {
 				t.Error(err)
 			}

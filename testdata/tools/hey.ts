@@ -21,9 +21,10 @@ out.orders = [orders.response?.status, orders.error];
 const health = await getHealth();
 out.health = [health.response?.status, health.data];
 out.index = (await getIndex()).response?.status;
-// The YAML form has no schema: it is read as text.
+// The YAML form has no schema: it is read as text, which is the JSON
+// document (JSON is YAML 1.2).
 const yaml = await getOpenApi({ parseAs: "text" });
-out.openapiYaml = String(yaml.data).split("\n")[0];
+out.openapiYaml = JSON.parse(String(yaml.data)).openapi;
 const doc = await getOpenApijson();
 out.openapi = doc.data?.openapi;
 
