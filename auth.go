@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -11,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -211,50 +209,45 @@ func bearerToken(r *http.Request) (token string, ok, malformed bool) {
 }
 
 // requireAPIKey lets a request through to next only with a valid bearer
-// key, and answers 401 with a WWW-Authenticate challenge (RFC 6750)
-// otherwise. Neither the key nor the header is ever logged or echoed:
-// sawKey is given only the digest of a well-formed key, valid or not, so
-// the caller can tell keys apart in its log.
+// key. Any other request is answered at once, without waiting for its
+// body, and its connection is closed (Go's server would otherwise read up
+// to 256 KiB of an unread body first): 401 with a WWW-Authenticate
+// challenge (RFC 6750), or 429 once its address has failed too often.
+// The key is checked first, so a valid key is served whatever else came
+// from its address. Neither the key nor the header is ever logged or
+// echoed: sawKey is given only the digest of a well-formed key, valid or
+// not, so the caller can tell keys apart in its log.
 func requireAPIKey(keys *keyRing, guard *authGuard, sawKey func(*http.Request, keyDigest), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		now := time.Now()
-		addr := ""
-		if guard != nil {
-			addr = clientAddr(r)
-			if wait := guard.blockedFor(addr, now); wait > 0 {
-				secs := int(math.Ceil(wait.Seconds()))
-				w.Header().Set("Retry-After", strconv.Itoa(secs))
-				writeError(w, http.StatusTooManyRequests, codeRateLimited,
-					fmt.Sprintf("too many failed authentications from this address; retry after %d s", secs))
-				return
-			}
-		}
 		token, present, malformed := bearerToken(r)
+		why, challenge := "missing", `Bearer realm="petstore"`
+		msg := "missing API key: send the header Authorization: Bearer <key>"
 		switch {
-		case !present:
-			guard.failed(addr, "missing", now)
-			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore"`)
-			writeError(w, http.StatusUnauthorized, codeUnauthorized,
-				"missing API key: send the header Authorization: Bearer <key>")
 		case malformed:
-			guard.failed(addr, "malformed", now)
-			w.Header().Set("WWW-Authenticate", `Bearer realm="petstore"`)
-			msg := "malformed Authorization header: expected Authorization: Bearer <key>"
+			why, msg = "malformed", "malformed Authorization header: expected Authorization: Bearer <key>"
 			if len(r.Header.Values("Authorization")) > 1 {
 				msg = "two or more Authorization headers were sent: send exactly one, Authorization: Bearer <key>"
 			}
-			writeError(w, http.StatusUnauthorized, codeUnauthorized, msg)
-		default:
+		case present:
 			d := digestOf(token)
 			sawKey(r, d)
-			if !keys.acceptsDigest(d) {
-				guard.failed(addr, "invalid", now)
-				w.Header().Set("WWW-Authenticate", `Bearer realm="petstore", error="invalid_token"`)
-				writeError(w, http.StatusUnauthorized, codeUnauthorized, "invalid API key")
+			if keys.acceptsDigest(d) {
+				next.ServeHTTP(w, r)
 				return
 			}
-			next.ServeHTTP(w, r)
+			why, msg, challenge = "invalid", "invalid API key", `Bearer realm="petstore", error="invalid_token"`
 		}
+		h := w.Header()
+		h.Set("Connection", "close")
+		if wait := guard.failed(clientAddr(r), why, time.Now()); wait > 0 {
+			secs := int(math.Ceil(wait.Seconds()))
+			h.Set("Retry-After", strconv.Itoa(secs))
+			writeError(w, http.StatusTooManyRequests, codeRateLimited,
+				fmt.Sprintf("too many failed authentications from this address; retry after %d s", secs))
+			return
+		}
+		h.Set("WWW-Authenticate", challenge)
+		writeError(w, http.StatusUnauthorized, codeUnauthorized, msg)
 	})
 }
 
@@ -276,30 +269,31 @@ func runKeygen(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// authGuard watches failed authentication per client address: a missing,
-// malformed or wrong key. It logs at most one line an address a minute,
-// with the count, for fail2ban and the like; and an address that fails
-// maxAuthFailures times within a minute is answered 429 for a minute,
-// whatever key it sends, so a valid key cannot be told from a wrong one
-// by a guesser. Other addresses are not touched. Memory is bounded: at most
+// authGuard counts failed authentication (a missing, malformed or wrong
+// key) per client address. Once an address has failed maxAuthFailures
+// times in a minute, its failures for the rest of that minute are
+// answered 429 with Retry-After rather than 401, which tells a stale
+// script to stop; a valid key from the same address is served all the
+// same, so one bad script behind an office's NAT locks out nobody. What
+// slows a guesser is that every failed answer closes its connection (a
+// new TCP, and with TLS a new handshake, per guess); what makes guessing
+// hopeless is the key's length (see minKeyLength). The log gets at most one
+// line an address a minute, with the count, for fail2ban and the like,
+// and at most maxAuthLinesPerMinute in all. Memory is bounded: at most
 // maxGuardedAddrs addresses are tracked at once.
 type authGuard struct {
-	log     *slog.Logger
-	blocked atomic.Int64 // addresses blocked now: 0 lets requests skip the lock
+	log   *slog.Logger
+	lines *logLimiter
 
 	mu    sync.Mutex
 	addrs map[string]*authFailures
-	// lines bounds the log lines a minute over all addresses; what it
-	// held back is said in one summary line.
-	lines lineBudget
 }
 
+// authFailures are an address's failures in the minute that began with
+// the first of them.
 type authFailures struct {
-	windowStart  time.Time // the minute whose failures count
-	failures     int       // in that minute
-	unlogged     int       // failures not yet in a log line
-	loggedAt     time.Time // the last line for this address
-	blockedUntil time.Time
+	windowStart time.Time
+	failures    int
 }
 
 const (
@@ -310,139 +304,41 @@ const (
 )
 
 func newAuthGuard(log *slog.Logger) *authGuard {
-	return &authGuard{log: log, addrs: map[string]*authFailures{}, lines: lineBudget{perMinute: maxAuthLinesPerMinute}}
+	return &authGuard{log: log, addrs: map[string]*authFailures{},
+		lines: newLogLimiter(authWindow, maxGuardedAddrs, maxAuthLinesPerMinute)}
 }
 
-// clientAddr is who the guard counts a request against: its peer
-// address without the port, and for IPv6 the /64 it is in, which one
-// subscriber holds whole.
-func clientAddr(r *http.Request) string {
-	return clientOf(r.RemoteAddr)
-}
-
-// clientOf is the client an address ("host:port") counts for: the host,
-// and for IPv6 the /64 it is in, which one subscriber holds whole.
-func clientOf(addr string) string {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
-		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
-	}
-	return host
-}
-
-// blockedFor reports how long addr stays blocked, 0 when it is not.
-func (g *authGuard) blockedFor(addr string, now time.Time) time.Duration {
-	if g == nil || g.blocked.Load() == 0 {
-		return 0
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if f := g.addrs[addr]; f != nil && now.Before(f.blockedUntil) {
-		return f.blockedUntil.Sub(now)
-	}
-	return 0
-}
+// clientAddr is who the guard counts a request against (see clientOf).
+func clientAddr(r *http.Request) string { return clientOf(r.RemoteAddr) }
 
 // failed records a failed authentication from addr, and why ("missing",
-// "malformed", "invalid"), never the key.
-func (g *authGuard) failed(addr, why string, now time.Time) {
-	if g == nil {
-		return
+// "malformed", "invalid"), never the key. It returns how long addr is
+// answered 429, 0 while it is under the limit.
+func (g *authGuard) failed(addr, why string, now time.Time) time.Duration {
+	if ok, held, others := g.lines.allow(addr, now); ok {
+		g.log.Warn("authentication failed", "client", addr, "failures", held+1, "last", why, "other_addresses_not_logged", others)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f := g.addrs[addr]
-	if f == nil {
-		if len(g.addrs) >= maxGuardedAddrs {
-			g.makeRoom(now)
-			if len(g.addrs) >= maxGuardedAddrs {
-				return // every one tracked is blocked: this one is not
+	if f == nil || now.Sub(f.windowStart) >= authWindow {
+		if f == nil && len(g.addrs) >= maxGuardedAddrs {
+			// Full: forget the addresses whose minute is over, or else all
+			// of them; a guesser forgotten early is counted from 0 again.
+			for a, old := range g.addrs {
+				if now.Sub(old.windowStart) >= authWindow || len(g.addrs) > maxGuardedAddrs/2 {
+					delete(g.addrs, a)
+				}
 			}
 		}
 		f = &authFailures{windowStart: now}
 		g.addrs[addr] = f
 	}
-	if now.Sub(f.windowStart) >= authWindow {
-		f.windowStart, f.failures = now, 0
-	}
 	f.failures++
-	f.unlogged++
-	if f.failures >= maxAuthFailures && !now.Before(f.blockedUntil) {
-		f.blockedUntil = now.Add(authWindow)
-		g.blocked.Add(1)
-		time.AfterFunc(authWindow, func() { g.blocked.Add(-1) })
-		if g.mayLog(now) {
-			g.log.Warn("authentication failed too often: this address is answered 429 for a minute, whatever key it sends",
-				"client", addr, "failures", f.unlogged, "last", why)
-			f.unlogged, f.loggedAt = 0, now
-		}
-		return
+	if f.failures <= maxAuthFailures {
+		return 0
 	}
-	if now.Sub(f.loggedAt) >= authWindow && g.mayLog(now) {
-		g.log.Warn("authentication failed", "client", addr, "failures", f.unlogged, "last", why)
-		f.unlogged, f.loggedAt = 0, now
-	}
-}
-
-// mayLog spends one of the minute's log lines, if any is left: many
-// addresses failing at once (an IPv6 range) must not flood the log. A
-// line held back leaves its count to the next, which watch writes.
-func (g *authGuard) mayLog(now time.Time) bool { return g.lines.take(now) }
-
-// makeRoom forgets addresses that are not blocked, the quiet ones first,
-// down to half the bound, so that the cost of tracking is spread over
-// many new addresses.
-func (g *authGuard) makeRoom(now time.Time) {
-	g.sweep(now)
-	for addr, f := range g.addrs {
-		if len(g.addrs) <= maxGuardedAddrs/2 {
-			return
-		}
-		if !now.Before(f.blockedUntil) {
-			delete(g.addrs, addr)
-		}
-	}
-}
-
-// sweep forgets addresses with nothing in force: no failure in the last
-// minute and no block.
-func (g *authGuard) sweep(now time.Time) {
-	for addr, f := range g.addrs {
-		if f.unlogged == 0 && now.Sub(f.windowStart) >= authWindow && !now.Before(f.blockedUntil) {
-			delete(g.addrs, addr)
-		}
-	}
-}
-
-// watch logs, once a minute, the failures an address made since its last
-// line, and forgets quiet addresses, until ctx ends.
-func (g *authGuard) watch(ctx context.Context) {
-	tick := time.NewTicker(authWindow / 4)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-tick.C:
-			g.mu.Lock()
-			for addr, f := range g.addrs {
-				if f.unlogged > 0 && now.Sub(f.loggedAt) >= authWindow && g.mayLog(now) {
-					g.log.Warn("authentication failed", "client", addr, "failures", f.unlogged)
-					f.unlogged, f.loggedAt = 0, now
-				}
-			}
-			if g.lines.heldBack > 0 && g.lines.used < maxAuthLinesPerMinute {
-				g.log.Warn("authentication failed from more addresses than the log takes one by one", "lines_held_back", g.lines.heldBack,
-					"most_lines_a_minute", maxAuthLinesPerMinute)
-				g.lines.heldBack = 0
-			}
-			g.sweep(now)
-			g.mu.Unlock()
-		}
-	}
+	return f.windowStart.Add(authWindow).Sub(now)
 }
 
 // idempotencyScope is what an Idempotency-Key is stored with, so that it

@@ -28,9 +28,7 @@ func TestBackupSnapshots(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "pets.db")
 	preloadPets(t, db, 10)
 	dir := filepath.Join(t.TempDir(), "snapshots")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.MkdirAll(dir, 0o700))
 	// Older snapshots, and files that are not snapshots.
 	others := []string{"notes.txt", "petstore-old.db", "petstore-20200101T000000Z.db.partial", "mine.db"}
 	old := []string{"petstore-20200101T000000Z.db", "petstore-20200102T000000Z.db", "petstore-20200103T000000Z.db"}
@@ -39,9 +37,7 @@ func TestBackupSnapshots(t *testing.T) {
 	}
 	env := func(string) string { return "" }
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"petstore", "backup", "-db", db, "-dir", dir, "-keep", "2"}, env, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	must(t, run(context.Background(), []string{"petstore", "backup", "-db", db, "-dir", dir, "-keep", "2"}, env, &out, io.Discard))
 	written := regexp.MustCompile(`to (\S+): 10 pets, integrity ok`).FindStringSubmatch(out.String())
 	if written == nil {
 		t.Fatalf("backup said %q", out.String())
@@ -68,9 +64,7 @@ func TestBackupSnapshots(t *testing.T) {
 	future := "petstore-29990101T000000Z.db"
 	os.WriteFile(filepath.Join(dir, future), []byte("x"), 0o600)
 	removed, err := pruneSnapshots(dir, 1, filepath.Base(written[1]))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if _, err := os.Stat(written[1]); err != nil {
 		t.Errorf("the snapshot just written was deleted (removed %v)", removed)
 	}
@@ -153,14 +147,10 @@ func TestBackupWhileWriting(t *testing.T) {
 	// The copy is a consistent snapshot: at least what was acknowledged
 	// before it began, every row identical to the live one.
 	copyStore, err := openStore(backup, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer copyStore.close()
 	got, err := storedPets(copyStore)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if len(got) < before || len(got) > after {
 		t.Errorf("backup holds %d pets; %d were acknowledged before it began, %d in all", len(got), before, after)
 	}
@@ -204,9 +194,7 @@ func TestBackupInterrupted(t *testing.T) {
 		dir := t.TempDir()
 		dst := filepath.Join(dir, "backup.db")
 		cmd := exec.Command(bin, "backup", "-db", db, dst)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, cmd.Start())
 		time.Sleep(delay * time.Millisecond)
 		cmd.Process.Kill()
 		cmd.Wait()
@@ -255,9 +243,7 @@ func TestRestore(t *testing.T) {
 		return out.String(), err
 	}
 	before, err := os.ReadFile(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	unchanged := func(when string) {
 		t.Helper()
 		if now, err := os.ReadFile(db); err != nil || !bytes.Equal(now, before) {
@@ -305,18 +291,14 @@ func TestRestore(t *testing.T) {
 	}
 	walDB := filepath.Join(dir, "from-wal.db")
 	var out bytes.Buffer
-	if err := run(ctx, []string{"petstore", "restore", "-db", walDB, "-from", live}, env, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	must(t, run(ctx, []string{"petstore", "restore", "-db", walDB, "-from", live}, env, &out, io.Discard))
 	if n, err := checkBackup(ctx, walDB); err != nil || n != 3 || !strings.Contains(out.String(), ": 3 pets, integrity ok") {
 		t.Errorf("restored from a file with a -wal: %d pets (%v), said %q; want all 3", n, err, out.String())
 	}
 	liveSvc.stop()
 
 	out2, err := restore(backup)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	outText := out2
 	if want := fmt.Sprintf("restored %s to %s: 2 pets, integrity ok\n", backup, db); outText != want {
 		t.Errorf("restore said %q, want %q", outText, want)
@@ -367,9 +349,7 @@ func TestSnapshotRetentionIgnoresTheClock(t *testing.T) {
 	// Pets deleted by hand do not make the fresh snapshots look old:
 	// what a snapshot has handed out counts, not only what it holds.
 	other, err := sql.Open("sqlite3", db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if _, err := other.Exec("DELETE FROM pets WHERE id > 2"); err != nil {
 		t.Fatal(err)
 	}
@@ -378,9 +358,7 @@ func TestSnapshotRetentionIgnoresTheClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	removed, err := pruneSnapshots(snapshots, 3, "petstore-20261122T030000Z.db")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	want := []string{"petstore-20271122T030000Z.db", "petstore-20271122T030001Z.db", "petstore-20271122T030002Z.db", "petstore-20261120T030000Z.db"}
 	if diff := cmp.Diff(want, removed); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)

@@ -135,7 +135,7 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	f.string(&c.tlsCert, "tls-cert", "PETSTORE_TLS_CERT", "", "PEM certificate chain `file`; with -tls-key, serve HTTPS")
 	f.string(&c.tlsKey, "tls-key", "PETSTORE_TLS_KEY", "", "PEM private key `file` for -tls-cert")
 	f.duration(&c.readHeaderTimeout, "read-header-timeout", "PETSTORE_READ_HEADER_TIMEOUT", 5*time.Second, "time allowed to send the request headers")
-	f.duration(&c.readTimeout, "read-timeout", "PETSTORE_READ_TIMEOUT", 30*time.Second, "time allowed to send the whole request")
+	f.duration(&c.readTimeout, "read-timeout", "PETSTORE_READ_TIMEOUT", 10*time.Second, "time allowed to send the whole request (a create's body is at most 16 KiB)")
 	f.duration(&c.writeTimeout, "write-timeout", "PETSTORE_WRITE_TIMEOUT", 30*time.Second, "time allowed from the end of the request headers to the end of the response")
 	f.duration(&c.idleTimeout, "idle-timeout", "PETSTORE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive connection is kept")
 	f.int(&c.maxHeaderBytes, "max-header-bytes", "PETSTORE_MAX_HEADER_BYTES", 16<<10, "16384", "largest request header block, in bytes, an `int`")
@@ -144,7 +144,7 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log `level`: debug, info (one line per request), warn or error")
 	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)")
 	f.int(&c.maxConns, "max-conns", "PETSTORE_MAX_CONNS", defaultMaxConns(), "", fmt.Sprintf(
-		"most client connections open at once, an `int` (default: the descriptor limit less room for the database, here %d)", defaultMaxConns()))
+		"most client connections open at once, an `int` (default: 4096, or the descriptor limit less room for the database if lower; here %d)", defaultMaxConns()))
 	f.string(&rate, "rate-limit", "PETSTORE_RATE_LIMIT", "", "requests per API key, a `rate` such as 50/s, 3000/m or 100000/h; off when empty")
 	f.string(&burst, "rate-burst", "PETSTORE_RATE_BURST", "", "requests a key may send at once before the rate applies, an `int` (default: the rate's count, 50 for 50/s)")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")

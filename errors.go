@@ -19,6 +19,7 @@ const (
 	codeNotFound             = "not_found"
 	codeMethodNotAllowed     = "method_not_allowed"
 	codeBodyTooLarge         = "body_too_large"
+	codeLengthRequired       = "length_required"
 	codeUnsupportedMediaType = "unsupported_media_type"
 	codeNotImplemented       = "not_implemented"
 	codeInternalError        = "internal_error"

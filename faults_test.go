@@ -60,26 +60,21 @@ func mustMount(t *testing.T, dir string, mount *exec.Cmd) {
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
 }
 
-// mountExt4 loop-mounts a new 32 MiB ext4 image on a temp dir: a real
-// block filesystem, which can be shut down or frozen. It needs root.
-func mountExt4(t *testing.T) string {
+// mountExt4 makes an ext4 image of size bytes at img and loop-mounts it
+// on a temp dir with the mount options opts: a real block filesystem,
+// which can be shut down or frozen. It needs root.
+func mountExt4(t *testing.T, img string, size int64, opts string) string {
 	t.Helper()
 	needRoot(t, "to loop-mount an ext4 image")
 	mkfs := needTool(t, "mkfs.ext4", "apt-get install e2fsprogs")
 	mount := needTool(t, "mount", "apt-get install mount")
-	img := filepath.Join(t.TempDir(), "disk.img")
-	dir := t.TempDir()
-	f, err := os.Create(img)
-	if err == nil {
-		err = errors.Join(f.Truncate(32<<20), f.Close())
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(img, nil, 0o600))
+	must(t, os.Truncate(img, size))
 	if out, err := exec.Command(mkfs, "-q", "-b", "4096", img).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v: %s", err, out)
 	}
-	mustMount(t, dir, exec.Command(mount, "-o", "loop", img, dir))
+	dir := t.TempDir()
+	mustMount(t, dir, exec.Command(mount, "-o", opts, img, dir))
 	return dir
 }
 
@@ -89,9 +84,7 @@ func fillDisk(t *testing.T, dir string) (free func()) {
 	t.Helper()
 	path := filepath.Join(dir, "filler")
 	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for _, chunk := range []int{64 << 10, 4 << 10, 512, 1} {
 		buf := make([]byte, chunk)
 		for {
@@ -106,9 +99,7 @@ func fillDisk(t *testing.T, dir string) (free func()) {
 	f.Close()
 	return func() {
 		t.Helper()
-		if err := os.Remove(path); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.Remove(path))
 	}
 }
 
@@ -119,7 +110,7 @@ func fillDisk(t *testing.T, dir string) (free func()) {
 // disk starts, serves reads and reports the full disk.
 func TestDiskFull(t *testing.T) {
 	t.Run("tmpfs", func(t *testing.T) { testDiskFull(t, mountTmpfs(t, "4m")) })
-	t.Run("ext4", func(t *testing.T) { testDiskFull(t, mountExt4(t)) })
+	t.Run("ext4", func(t *testing.T) { testDiskFull(t, mountExt4(t, filepath.Join(t.TempDir(), "disk.img"), 32<<20, "loop")) })
 }
 
 func testDiskFull(t *testing.T, dir string) {
@@ -210,9 +201,7 @@ func testDiskFull(t *testing.T, dir string) {
 	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
 
 	pets, err := storedPets(store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for _, p := range pets {
 		delete(acked, p.ID)
 	}
@@ -226,7 +215,7 @@ func testDiskFull(t *testing.T, dir string) {
 // tests are, still stores pets there, and /healthz says so, from a real
 // write rather than a guess from the free space.
 func TestDiskFullForOthersOnly(t *testing.T) {
-	dir := mountExt4(t)
+	dir := mountExt4(t, filepath.Join(t.TempDir(), "disk.img"), 32<<20, "loop")
 	must(t, os.Chmod(filepath.Dir(dir), 0o755))
 	must(t, os.Chmod(dir, 0o1777))
 	dd := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(dir, "filler"), "bs=64k")
@@ -294,7 +283,7 @@ func TestReadOnlyStorage(t *testing.T) {
 // error. Creates and /healthz get 503 "I/O error" with Retry-After, never
 // 500, and the fault is logged once, not once per request.
 func TestFailingStorage(t *testing.T) {
-	dir := mountExt4(t)
+	dir := mountExt4(t, filepath.Join(t.TempDir(), "disk.img"), 32<<20, "loop")
 	svc := startService(t, nil, "-db", filepath.Join(dir, "pets.db"))
 	logs := svc.log
 	createPets(t, svc.url, newPetBody)
@@ -302,9 +291,7 @@ func TestFailingStorage(t *testing.T) {
 	// EXT4_IOC_SHUTDOWN with EXT4_GOING_FLAGS_NOLOGFLUSH: the filesystem
 	// fails every write from now on, until it is unmounted.
 	d, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	flags := uint32(2)
 	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, d.Fd(), 0x8004587d, uintptr(unsafe.Pointer(&flags))); errno != 0 {
 		t.Fatalf("shut down ext4: %v", errno)
@@ -332,9 +319,7 @@ func TestFailingStorage(t *testing.T) {
 func damagePage(t *testing.T, path string) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer f.Close()
 	fi, _ := f.Stat()
 	garbage := []byte(strings.Repeat("\xde\xad\xbe\xef", 1024))
@@ -354,14 +339,10 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	createPets(t, svc.url, newPetBody)
 
 	other, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer other.Close()
 	conn, err := other.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +452,7 @@ func TestDamagedFile(t *testing.T) {
 // waits on its commit, and /healthz reports the stuck commit after 5 s
 // instead of saying ok; once thawed, the create is answered 201.
 func TestFrozenStorage(t *testing.T) {
-	dir := mountExt4(t)
+	dir := mountExt4(t, filepath.Join(t.TempDir(), "disk.img"), 32<<20, "loop")
 	svc := startService(t, nil, "-db", filepath.Join(dir, "pets.db"))
 	createPets(t, svc.url, newPetBody)
 	fsfreeze := needTool(t, "fsfreeze", "apt-get install util-linux")
@@ -523,7 +504,7 @@ func TestFrozenStorage(t *testing.T) {
 // the thaw, the pets stored are exactly those answered 201, and the stall
 // is logged when it passes 5 s and when it ends.
 func TestFrozenCommitIsAnswered(t *testing.T) {
-	dir := mountExt4(t)
+	dir := mountExt4(t, filepath.Join(t.TempDir(), "disk.img"), 32<<20, "loop")
 	fsfreeze := needTool(t, "fsfreeze", "apt-get install util-linux")
 	logs := &syncBuffer{}
 	base, _ := startBinary(t, nil, []string{"-db", filepath.Join(dir, "pets.db"), "-write-timeout", "2s"}, logs)
@@ -593,9 +574,7 @@ func TestReadOnlyMountAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(stopped)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	os.WriteFile(filepath.Join(dir, "bare.db"), data, 0o600)
 	if out, err := exec.Command("mount", "-o", "remount,ro", dir).CombinedOutput(); err != nil {
 		t.Fatalf("remount read-only: %v: %s", err, out)

@@ -121,6 +121,10 @@ func send(t testing.TB, base string, c call) reply {
 		var b []byte
 		if b, err = io.ReadAll(resp.Body); err == nil {
 			r := reply{status: resp.StatusCode, header: resp.Header, body: b}
+			if resp.Close {
+				// Go's client moves the server's Connection: close here.
+				r.header.Set("Connection", "close")
+			}
 			checkAgainstOpenAPI(t, c.method, req.URL.RequestURI(), r)
 			return r
 		}
@@ -199,8 +203,14 @@ func createPets(t *testing.T, base string, bodies ...string) {
 // page, as a client would.
 func walkCatalogue(t *testing.T, base string) []Pet {
 	t.Helper()
+	return walkFrom(t, base, "/v1/pets?limit=100")
+}
+
+// walkFrom lists the pets of the page next and of every page after it.
+func walkFrom(t testing.TB, base, next string) []Pet {
+	t.Helper()
 	var all []Pet
-	for next := "/v1/pets?limit=100"; next != ""; {
+	for next != "" {
 		got := send(t, base, call{method: "GET", path: next})
 		var pets []Pet
 		if got.status != 200 || json.Unmarshal(got.body, &pets) != nil {
@@ -409,15 +419,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// listeningAt returns the base URL of the service's "listening" line in
-// a line of its log, text or JSON, or "".
-func listeningAt(line string) string {
-	m := regexp.MustCompile(`msg=listening addr=(https?://\S+)|"msg":"listening","addr":"(https?://[^"]+)"`).FindStringSubmatch(line)
-	if m == nil {
-		return ""
-	}
-	return m[1] + m[2]
-}
+// listeningLine matches the service's "listening" line, text or JSON, and
+// the base URL in it.
+var listeningLine = regexp.MustCompile(`msg=listening addr=(https?://\S+)|"msg":"listening","addr":"(https?://[^"]+)"`)
 
 // startBinary starts the built binary as an operator would, on
 // 127.0.0.1:0 with the test key, followed by args, and returns its base
@@ -452,8 +456,8 @@ func startBinary(t testing.TB, wrap, args []string, stderr io.Writer) (base stri
 		for {
 			line, err := lines.ReadString('\n')
 			head.Write([]byte(line))
-			if base := listeningAt(line); base != "" {
-				listening <- base
+			if m := listeningLine.FindStringSubmatch(line); m != nil {
+				listening <- m[1] + m[2]
 				break
 			}
 			if err != nil {
@@ -516,5 +520,167 @@ func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// creates is a stream of creates from concurrent clients, as the crash,
+// fault, backup and Litestream tests send it, to hold what was answered
+// against what is stored afterwards.
+type creates struct {
+	mu      sync.Mutex
+	sent    []*create // in the order sent
+	refused bool      // a create was answered, and not 201
+	stop    func()    // stops the clients and waits for them; called again, nothing
+}
+
+// create is one create of a stream and what it was answered.
+type create struct {
+	call
+	name         string
+	done         bool      // answered, or failed for want of an answer
+	status       int       // 0: no answer (the service was killed, or cut the client off)
+	body         []byte    // the answer
+	pet          Pet       // the pet answered 201
+	at           time.Time // when the answer came
+	afterRefusal bool      // sent once a create of the stream had been refused
+}
+
+// startCreates starts clients creating pets at base, each pet named
+// "<prefix> <n>" after its place in the stream, until stop is called or
+// the test ends. Every other create carries an Idempotency-Key, as a
+// client that retries does. A client stops at its first create without
+// an answer: the service is gone, or cut it off.
+func startCreates(t testing.TB, base string, clients int, prefix string) *creates {
+	s := &creates{}
+	client := &http.Client{Timeout: patience}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				s.mu.Lock()
+				n := len(s.sent) + 1
+				c := &create{name: fmt.Sprintf("%s %d", prefix, n), afterRefusal: s.refused}
+				c.call = call{method: "POST", path: "/v1/pets", body: fmt.Sprintf(`{"name":%q,"categoryId":%d}`, c.name, n%9+1), client: client}
+				if n%2 == 0 {
+					c.header = map[string]string{"Idempotency-Key": fmt.Sprintf("create-%d", n)}
+				}
+				s.sent = append(s.sent, c)
+				s.mu.Unlock()
+				r := send(t, base, c.call)
+				s.mu.Lock()
+				c.done, c.status, c.body, c.at = true, r.status, r.body, time.Now()
+				if r.status == 201 {
+					c.pet = decodePet(t, r.body)
+				}
+				s.refused = s.refused || r.status != 201 && r.err == nil
+				s.mu.Unlock()
+				if r.err != nil {
+					return
+				}
+			}
+		}()
+	}
+	s.stop = sync.OnceFunc(func() { close(done); wg.Wait() })
+	t.Cleanup(s.stop)
+	return s
+}
+
+// answers returns a copy of the creates sent so far, in the order sent.
+func (s *creates) answers() []create {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]create, len(s.sent))
+	for i, c := range s.sent {
+		out[i] = *c
+	}
+	return out
+}
+
+// statuses counts the creates answered so far by status; 0 counts those
+// that got no answer.
+func (s *creates) statuses() map[int]int {
+	n := map[int]int{}
+	for _, c := range s.answers() {
+		if c.done {
+			n[c.status]++
+		}
+	}
+	return n
+}
+
+// acked returns the pets answered 201, by id.
+func (s *creates) acked() map[int64]Pet {
+	pets := map[int64]Pet{}
+	for _, c := range s.answers() {
+		if c.status == 201 {
+			pets[c.pet.ID] = c.pet
+		}
+	}
+	return pets
+}
+
+// checkStored holds the pets stored against the stream: every pet
+// answered 201 is there, unchanged, and every pet there was sent by the
+// stream; a create without an answer may be there or not. It returns how
+// many creates were answered 201, how many were refused, and how many of
+// those refused are stored all the same: after some faults (an I/O error
+// on a commit) that may be, after others it must not.
+func checkStored(t testing.TB, stored []Pet, s *creates) (acked, refused, refusedStored int) {
+	t.Helper()
+	byName := map[string]Pet{}
+	for _, p := range stored {
+		byName[p.Name] = p
+	}
+	for _, c := range s.answers() {
+		p, ok := byName[c.name]
+		delete(byName, c.name)
+		switch {
+		case c.status == 201 && p != c.pet:
+			t.Errorf("%s was answered 201 with %+v, and is stored as %+v", c.name, c.pet, p)
+		case c.status == 201:
+			acked++
+		case c.status != 0 && ok:
+			refusedStored++
+			fallthrough
+		case c.status != 0:
+			refused++
+		}
+	}
+	for name := range byName {
+		t.Errorf("%s is stored, and no client sent it", name)
+	}
+	return acked, refused, refusedStored
+}
+
+// sqlExec runs queries on the database file from a connection of its
+// own, as an operator's sqlite3 shell would.
+func sqlExec(t testing.TB, path string, queries ...string) {
+	t.Helper()
+	db, err := sql.Open("sqlite3", path)
+	must(t, err)
+	defer db.Close()
+	for _, q := range queries {
+		_, err := db.Exec(q)
+		must(t, err)
+	}
+}
+
+// checkIntegrity runs SQLite's integrity_check on the database file.
+func checkIntegrity(t testing.TB, path string) {
+	t.Helper()
+	db, err := sql.Open("sqlite3", path)
+	must(t, err)
+	defer db.Close()
+	var result string
+	if err := db.QueryRow("PRAGMA integrity_check").Scan(&result); err != nil || result != "ok" {
+		t.Errorf("integrity_check of %s: %q %v", path, result, err)
 	}
 }

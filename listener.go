@@ -5,6 +5,8 @@
 package main
 
 import (
+	"container/list"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log"
@@ -19,73 +21,150 @@ import (
 	"time"
 )
 
-// defaultMaxConns is the default cap on client connections: the process's
-// descriptor limit less room for the database's connections (two files
-// each), the listener and the rest.
+// defaultMaxConns is the default cap on client connections: 4,096, which
+// a small machine holds (an open connection costs about 20 KB, 47 KB with
+// TLS: some 80 and 190 MiB), or the process's descriptor limit less room
+// for the database's connections (two files each), the listener and the
+// rest, if that is lower.
 func defaultMaxConns() int {
 	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<20 {
-		return 1 << 16
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 1024
 	}
-	return max(1, int(lim.Cur)-32-3*(readerConns()+1))
+	return max(1, min(4096, int(min(lim.Cur, 1<<20))-32-3*(readerConns()+1)))
 }
 
-// limitListener caps client connections. While max are open, new ones
-// wait in the listen queue, so the process never runs out of descriptors
-// for the ones it has or for its database; and to make room, the
-// kept-alive connection idle the longest between requests is closed
-// first, so a new client is served.
+// limitListener caps client connections at max, so the process never
+// runs out of descriptors or memory. At the cap, a new connection is
+// taken and another closed to make room: first one whose request has not
+// reached the handlers (silent, or slow to send it), the oldest of the
+// client address that has the most such connections, so that a flood
+// from some addresses does not close a new client's connection before
+// its request is read; then the one idle longest between requests. A
+// connection whose request is being served is never closed for room;
+// while every one is, new connections wait in the listen queue. At most
+// one WARN line a minute says the cap is full, with how many were closed.
 type limitListener struct {
 	net.Listener
-	slots     chan struct{}
+	max       int
 	log       *slog.Logger
-	wentIdle  chan struct{} // a connection went idle: Accept, waiting, may close it
+	freed     chan struct{} // a slot was freed, or a connection went idle
 	closed    chan struct{}
 	closeOnce sync.Once
 
-	mu     sync.Mutex
-	states map[*limitedConn]time.Time // when each went idle; zero while busy
+	mu            sync.Mutex
+	open          int
+	waiting       map[string]*list.List // per client: connections not served nor idle, oldest first
+	idle          list.List             // connections idle between requests, longest first
+	answered      list.List             // answered with Connection: close, oldest first
+	closedForRoom int                   // since the last WARN line
+	warned        time.Time             // when it was written
 }
 
 func newLimitListener(ln net.Listener, max int, log *slog.Logger) *limitListener {
-	return &limitListener{Listener: ln, slots: make(chan struct{}, max), log: log,
-		wentIdle: make(chan struct{}, 1), closed: make(chan struct{}), states: map[*limitedConn]time.Time{}}
+	return &limitListener{Listener: ln, max: max, log: log, waiting: map[string]*list.List{},
+		freed: make(chan struct{}, 1), closed: make(chan struct{})}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	lc := &limitedConn{Conn: c, l: l, client: clientOf(c.RemoteAddr().String())}
 	for {
-		select {
-		case l.slots <- struct{}{}:
-		default:
-			// Full: make room. If nothing is idle now, wait for a slot, or
-			// for a connection to go idle, and close that one.
-			l.closeLongestIdle()
-			select {
-			case l.slots <- struct{}{}:
-			case <-l.wentIdle:
-				continue
-			case <-l.closed:
-				return nil, net.ErrClosed
-			}
-		}
-		c, err := l.Listener.Accept()
-		if err != nil {
-			<-l.slots
-			return nil, err
-		}
-		lc := &limitedConn{Conn: c, l: l}
 		l.mu.Lock()
-		// Not idle until its first request is answered: a client that has
-		// just connected must not lose its connection to the next one.
-		// (One that sends nothing is cut off by -read-header-timeout.)
-		l.states[lc] = time.Time{}
+		if l.open < l.max {
+			l.open++
+			lc.wait()
+			l.mu.Unlock()
+			return lc, nil
+		}
+		victim := l.victim()
+		if victim != nil {
+			l.noteClosedForRoom()
+		}
 		l.mu.Unlock()
-		return lc, nil
+		if victim != nil {
+			victim.Close()
+			continue
+		}
+		// Room comes when a connection closes or goes idle, or when one
+		// has waited or lingered long enough to be closed.
+		timer := time.NewTimer(lingerFor)
+		select {
+		case <-l.freed:
+		case <-timer.C:
+		case <-l.closed:
+			c.Close()
+			return nil, net.ErrClosed
+		}
+		timer.Stop()
 	}
 }
 
-// connState is the http.Server's ConnState hook: it tells which
-// connections are idle, and since when.
+// victim is the connection to close for room, nil when every one is
+// being served or has just come. Of a few client addresses (the map's
+// order is random), the one with the most connections waiting for their
+// request gives its oldest, if that has waited over silentAfter. l.mu is
+// held.
+func (l *limitListener) victim() *limitedConn {
+	// A connection answered with Connection: close lingers while Go's
+	// server waits for the client to read its answer (half a second, so
+	// that the close does not reset it away); after lingerFor it is done.
+	if e := l.answered.Front(); e != nil && time.Since(e.Value.(*limitedConn).since) > lingerFor {
+		return e.Value.(*limitedConn)
+	}
+	var heaviest *list.List
+	sampled := 0
+	for _, conns := range l.waiting {
+		silent := time.Since(conns.Front().Value.(*limitedConn).since) > silentAfter
+		if silent && (heaviest == nil || conns.Len() > heaviest.Len()) {
+			heaviest = conns
+		}
+		if sampled++; sampled == 8 {
+			break
+		}
+	}
+	if heaviest != nil {
+		return heaviest.Front().Value.(*limitedConn)
+	}
+	if e := l.idle.Front(); e != nil {
+		return e.Value.(*limitedConn)
+	}
+	return nil
+}
+
+// silentAfter is how long a new connection may take to send its request
+// before it can be closed for room: a real client's request follows its
+// connection within a round trip.
+const silentAfter = time.Second
+
+// lingerFor is how long a connection answered with Connection: close is
+// left for its client to read the answer before it may be closed for room.
+const lingerFor = 50 * time.Millisecond
+
+// noteClosedForRoom counts a connection closed for room, and says so at
+// most once a minute. l.mu is held.
+func (l *limitListener) noteClosedForRoom() {
+	l.closedForRoom++
+	if time.Since(l.warned) >= time.Minute {
+		l.log.Warn("connection limit reached: connections not being served were closed to make room for new ones",
+			"max_conns", l.max, "closed", l.closedForRoom)
+		l.closedForRoom, l.warned = 0, time.Now()
+	}
+}
+
+// signal wakes an Accept waiting for room.
+func (l *limitListener) signal() {
+	select {
+	case l.freed <- struct{}{}:
+	default:
+	}
+}
+
+// connState is the http.Server's ConnState hook: a connection that has
+// answered its request is idle until the next one begins.
 func (l *limitListener) connState(c net.Conn, state http.ConnState) {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
@@ -96,36 +175,49 @@ func (l *limitListener) connState(c net.Conn, state http.ConnState) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, open := l.states[lc]; !open {
-		return
-	}
-	switch state {
-	case http.StateIdle:
-		l.states[lc] = time.Now()
-		select {
-		case l.wentIdle <- struct{}{}:
-		default:
-		}
-	case http.StateActive:
-		l.states[lc] = time.Time{}
+	switch {
+	case lc.closed:
+	case state == http.StateIdle:
+		lc.moveTo(&l.idle)
+		l.signal()
+	case state == http.StateActive && lc.in == &l.idle:
+		lc.wait() // a new request begins: not served yet
 	}
 }
 
-// closeLongestIdle closes the connection that has been idle the longest,
-// if any is.
-func (l *limitListener) closeLongestIdle() {
-	l.mu.Lock()
-	var oldest *limitedConn
-	var since time.Time
-	for c, idle := range l.states {
-		if !idle.IsZero() && (oldest == nil || idle.Before(since)) {
-			oldest, since = c, idle
+// connKey holds a request's connection in its context (see serving).
+type connKey struct{}
+
+// connContext is the http.Server's ConnContext hook.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// serving marks a request's connection as being served once its request
+// has reached the handlers, so it is not closed to make room.
+func (l *limitListener) serving(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if lc, ok := r.Context().Value(connKey{}).(*limitedConn); ok {
+			l.mu.Lock()
+			if !lc.closed {
+				lc.moveTo(nil)
+			}
+			l.mu.Unlock()
 		}
-	}
-	l.mu.Unlock()
-	if oldest != nil {
-		oldest.Close()
-	}
+		next.ServeHTTP(w, r)
+		if lc, ok := r.Context().Value(connKey{}).(*limitedConn); ok && w.Header().Get("Connection") == "close" {
+			http.NewResponseController(w).Flush()
+			l.mu.Lock()
+			if !lc.closed {
+				lc.since = time.Now()
+				lc.moveTo(&l.answered)
+			}
+			l.mu.Unlock()
+		}
+	})
 }
 
 func (l *limitListener) Close() error {
@@ -133,21 +225,68 @@ func (l *limitListener) Close() error {
 	return l.Listener.Close()
 }
 
+// clientOf is the client an address ("host:port") counts for: the host,
+// and for IPv6 the /64 it is in, which one subscriber holds whole.
+func clientOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return host
+}
+
 // limitedConn gives its slot back when it is closed.
 type limitedConn struct {
 	net.Conn
-	l         *limitListener
-	closeOnce sync.Once
+	l      *limitListener
+	client string    // clientOf its remote address
+	since  time.Time // when it began to wait for a request
+	// Guarded by l.mu: the list it is in (nil while served), its element
+	// there, and whether it was closed.
+	in     *list.List
+	elem   *list.Element
+	closed bool
+}
+
+// wait puts c at the back of its client's waiting list. l.mu is held.
+func (c *limitedConn) wait() {
+	conns := c.l.waiting[c.client]
+	if conns == nil {
+		conns = list.New()
+		c.l.waiting[c.client] = conns
+	}
+	c.since = time.Now()
+	c.moveTo(conns)
+}
+
+// moveTo takes c out of its list, dropping a client's waiting list that
+// empties, and puts it at the back of to (none when nil). l.mu is held.
+func (c *limitedConn) moveTo(to *list.List) {
+	if from := c.in; from != nil {
+		from.Remove(c.elem)
+		if from != &c.l.idle && from != &c.l.answered && from.Len() == 0 {
+			delete(c.l.waiting, c.client)
+		}
+	}
+	c.in, c.elem = to, nil
+	if to != nil {
+		c.elem = to.PushBack(c)
+	}
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.closeOnce.Do(func() {
-		c.l.mu.Lock()
-		delete(c.l.states, c)
-		c.l.mu.Unlock()
-		<-c.l.slots
-	})
+	c.l.mu.Lock()
+	if !c.closed {
+		c.closed = true
+		c.moveTo(nil)
+		c.l.open--
+		c.l.signal()
+	}
+	c.l.mu.Unlock()
 	return err
 }
 

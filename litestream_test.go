@@ -124,9 +124,7 @@ func startLitestream(t testing.TB, ls, db, replica string) *exec.Cmd {
 	logs := &syncBuffer{}
 	cmd := exec.Command(ls, "replicate", "-config", config)
 	cmd.Stderr, cmd.Stdout = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, cmd.Start())
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	waitForLog(t, logs, `msg="snapshot complete"`, 1)
 	return cmd
@@ -245,9 +243,7 @@ func (r *replicaRun) restore(t *testing.T, ls string) (string, map[int64]Pet) {
 	t.Helper()
 	start := time.Now()
 	out, pets, err := r.tryRestore(ls, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	t.Logf("restored %d pets in %s", len(pets), time.Since(start).Round(time.Millisecond))
 	return out, pets
 }

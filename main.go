@@ -149,7 +149,7 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr
 	s.api = &server{store: s.store, keys: s.keys, log: log, corsOrigins: cfg.corsOrigins,
 		createWithin: createDeadline(cfg.writeTimeout), limiter: newRateLimiter(cfg.rateLimit), guard: newAuthGuard(log)}
 	s.srv = &http.Server{
-		Handler:           newHandler(s.api),
+		Handler:           s.ln.serving(newHandler(s.api)),
 		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,
@@ -158,6 +158,7 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr
 		MaxHeaderBytes:    cfg.maxHeaderBytes,
 		ErrorLog:          newServerErrors(log),
 		ConnState:         s.ln.connState,
+		ConnContext:       connContext,
 	}
 	return s, nil
 }

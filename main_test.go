@@ -75,9 +75,7 @@ func TestRunGeneratesKey(t *testing.T) {
 func TestRunFailures(t *testing.T) {
 	dir := t.TempDir()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer busy.Close()
 	corrupt := filepath.Join(dir, "corrupt.db")
 	os.WriteFile(corrupt, bytes.Repeat([]byte("not a database "), 500), 0o600)
@@ -147,9 +145,7 @@ func TestRunFailures(t *testing.T) {
 func TestSlowClientIsCutOff(t *testing.T) {
 	base := startService(t, nil, "-read-header-timeout", "500ms").url
 	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer conn.Close()
 	// Trickle a header one byte every 50 ms: its 204 bytes take at least
 	// 10 s, 20 times the header timeout.
@@ -209,9 +205,7 @@ func TestTLS(t *testing.T) {
 	req, _ := http.NewRequest("POST", base+"/v1/pets", strings.NewReader(`{"name":"Rex","categoryId":1}`))
 	req.Header.Set("Authorization", "Bearer "+testKey)
 	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.TLS == nil {
@@ -240,9 +234,7 @@ func TestTLS(t *testing.T) {
 func writeTestCertificate(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
 	t.Helper()
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
 		Subject:               pkix.Name{CommonName: "petstore test"},
@@ -255,13 +247,9 @@ func writeTestCertificate(t *testing.T, dir string) (certFile, keyFile string, p
 		IsCA:                  true,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	keyDER, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
 	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600)
@@ -338,9 +326,7 @@ func TestCrashSafety(t *testing.T) {
 		defer mu.Unlock()
 		return len(acked) >= 300
 	})
-	if err := proc.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	must(t, proc.Process.Signal(syscall.SIGKILL))
 	proc.Wait()
 	wg.Wait()
 	if len(acked) == 0 {
@@ -388,17 +374,13 @@ func TestCrashSafety(t *testing.T) {
 			t.Errorf("pet %s stored %d times", name, n)
 		}
 	}
-	if err := proc.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
+	must(t, proc.Process.Signal(syscall.SIGTERM))
 	if err := proc.Wait(); err != nil {
 		t.Errorf("SIGTERM: exit %v, want 0", err)
 	}
 
 	check, err := sql.Open("sqlite3", db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer check.Close()
 	var integrity string
 	if err := check.QueryRow("PRAGMA integrity_check").Scan(&integrity); err != nil || integrity != "ok" {
@@ -541,9 +523,7 @@ var versionLineRE = regexp.MustCompile(`^petstore \S+ \(revision (?:[0-9a-f]+|un
 
 func TestVersion(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"petstore", "-version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	must(t, run(context.Background(), []string{"petstore", "-version"}, func(string) string { return "" }, &out, io.Discard))
 	if !versionLineRE.MatchString(out.String()) {
 		t.Errorf("-version printed %q", out.String())
 	}
@@ -577,9 +557,7 @@ func TestVersion(t *testing.T) {
 // holds it to the hardening the README promises.
 func TestSystemdUnit(t *testing.T) {
 	unit, err := os.ReadFile("petstore.service")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for _, want := range []string{
 		"DynamicUser=yes", "StateDirectory=petstore", "ProtectSystem=strict", "NoNewPrivileges=yes",
 		"Restart=on-failure", "ExecReload=/bin/kill -HUP $MAINPID",
@@ -592,18 +570,14 @@ func TestSystemdUnit(t *testing.T) {
 	analyze := needTool(t, "systemd-analyze", "apt-get install systemd")
 	// verify wants ExecStart's program to exist: point it at an executable.
 	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	// All the units ship together: the service, Litestream beside it, and
 	// the daily snapshot with its timer.
 	dir := t.TempDir()
 	var paths []string
 	for _, name := range []string{"petstore.service", "petstore-litestream.service", "petstore-backup.service", "petstore-backup.timer"} {
 		b, err := os.ReadFile(name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		b = bytes.ReplaceAll(b, []byte("/usr/local/bin/petstore"), []byte(self))
 		b = bytes.ReplaceAll(b, []byte("/usr/local/bin/litestream"), []byte(self))
 		path := filepath.Join(dir, name)

@@ -229,6 +229,25 @@ func (o *refusedOrigins) note(r *http.Request, origin string) {
 		"origin", origin, "method", r.Method, "path", r.URL.Path, "refused_since_last_line", held, "other_origins_not_logged", others)
 }
 
+// refuseChunked refuses a request whose body comes chunked. RFC 9112
+// (6.1) calls a message with both Transfer-Encoding and Content-Length
+// ambiguous, a way to smuggle a second request past a proxy; Go's server
+// drops the Content-Length before a handler sees it, so which ones had
+// both cannot be told. No client of this API sends a chunked body (curl,
+// browsers and the generated clients send Content-Length), so each gets
+// 411 and its connection is closed unread: nothing behind it is answered.
+func refuseChunked(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TransferEncoding) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusLengthRequired, codeLengthRequired,
+			"send the request body with a Content-Length header, not Transfer-Encoding: chunked")
+	})
+}
+
 // rejectUncleanPaths answers 404 for paths with "//", "." or ".."
 // segments. The mux would redirect them, and a redirect is neither the
 // JSON error body nor something a script's curl follows by default.

@@ -157,26 +157,12 @@ func idempotencyKey(h http.Header) (string, error) {
 }
 
 // unquoteSFString decodes an RFC 8941 string: quotes around, and only \"
-// and \\ escaped inside.
+// and \\ escaped inside. A replacer takes the escapes left to right, as a
+// parser reads them; a backslash or a quote left over is malformed.
 func unquoteSFString(s string) (string, bool) {
-	var b strings.Builder
 	inner := s[1 : len(s)-1]
-	for i := 0; i < len(inner); i++ {
-		c := inner[i]
-		switch {
-		case c == '\\':
-			i++
-			if i == len(inner) || (inner[i] != '"' && inner[i] != '\\') {
-				return "", false
-			}
-			b.WriteByte(inner[i])
-		case c == '"':
-			return "", false
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String(), true
+	leftOver := strings.NewReplacer(`\\`, "", `\"`, "").Replace(inner)
+	return strings.NewReplacer(`\\`, `\`, `\"`, `"`).Replace(inner), !strings.ContainsAny(leftOver, `\"`)
 }
 
 // isJSONContentType accepts application/json, with parameters, as long as
@@ -228,21 +214,12 @@ func readBody(w http.ResponseWriter, r *http.Request, drainUntil time.Time) (bod
 // discarded, so that its client gets the 413.
 const maxDrainBytes = 2 << 20
 
-// decodeNewPet parses and validates a create body: the plain body most
-// clients send on a fast path, anything else on the full one.
-func decodeNewPet(body []byte) (NewPet, error) {
-	if np, ok := decodePlainNewPet(body); ok {
-		return np, nil
-	}
-	return decodeAnyNewPet(body)
-}
-
-// decodeAnyNewPet parses and validates any create body. It walks the
-// object itself rather than json.Unmarshal into the struct, because
+// decodeNewPet parses and validates a create body. It walks the object
+// itself rather than json.Unmarshal into the struct, because
 // Unmarshal accepts what this API must refuse: duplicate keys,
 // "categoryId": 1.0 or "1", null for a required field. The error names
 // every offending field.
-func decodeAnyNewPet(body []byte) (NewPet, error) {
+func decodeNewPet(body []byte) (NewPet, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return NewPet{}, errors.New(`request body is empty; send a JSON object such as {"name":"Rex","categoryId":1}`)
 	}
@@ -255,7 +232,7 @@ func decodeAnyNewPet(body []byte) (NewPet, error) {
 	}
 
 	var problems []string
-	for _, name := range sortedKeys(fields) {
+	for _, name := range slices.Sorted(maps.Keys(fields)) { // in order, so messages are stable
 		switch name {
 		case "name", "categoryId", "status":
 		case "id":
@@ -301,107 +278,6 @@ func joinProblems(problems []string) string {
 	return msg
 }
 
-// decodePlainNewPet is the fast path for the body nearly every client
-// sends: one flat object of name, categoryId and optional status, strings
-// without escapes, a plain integer, each key once, everything valid. It
-// accepts nothing that the full path would refuse, and gives the same
-// NewPet (FuzzDecodeNewPet holds the two together); anything else, valid or
-// not, is left to decodeAnyNewPet and its messages. Walking the object
-// with json.Decoder costs a create more than its SQLite insert.
-func decodePlainNewPet(body []byte) (NewPet, bool) {
-	np := NewPet{Status: defaultStatus}
-	var seenName, seenCategory, seenStatus bool
-	i := skipJSONSpace(body, 0)
-	if i == len(body) || body[i] != '{' {
-		return NewPet{}, false
-	}
-	for {
-		i = skipJSONSpace(body, i+1)
-		key, next, ok := plainJSONString(body, i)
-		if !ok {
-			return NewPet{}, false
-		}
-		i = skipJSONSpace(body, next)
-		if i == len(body) || body[i] != ':' {
-			return NewPet{}, false
-		}
-		i = skipJSONSpace(body, i+1)
-		switch string(key) {
-		case "name":
-			name, next, ok := plainJSONString(body, i)
-			if !ok || seenName {
-				return NewPet{}, false
-			}
-			np.Name, i, seenName = string(name), next, true
-			// The full path checks UTF-8 for the whole body first.
-			if !utf8.ValidString(np.Name) || nameProblem(np.Name) != "" {
-				return NewPet{}, false
-			}
-		case "categoryId":
-			start := i
-			for i < len(body) && body[i] >= '0' && body[i] <= '9' {
-				i++
-			}
-			if seenCategory || i == start || body[start] == '0' {
-				return NewPet{}, false
-			}
-			n, err := strconv.ParseInt(string(body[start:i]), 10, 64)
-			if err != nil {
-				return NewPet{}, false
-			}
-			np.CategoryID, seenCategory = n, true
-		case "status":
-			status, next, ok := plainJSONString(body, i)
-			if !ok || seenStatus || !slices.Contains(petStatuses, string(status)) {
-				return NewPet{}, false
-			}
-			np.Status, i, seenStatus = string(status), next, true
-		default:
-			return NewPet{}, false
-		}
-		i = skipJSONSpace(body, i)
-		if i == len(body) {
-			return NewPet{}, false
-		}
-		if body[i] == '}' {
-			break
-		}
-		if body[i] != ',' {
-			return NewPet{}, false
-		}
-	}
-	if skipJSONSpace(body, i+1) != len(body) || !seenName || !seenCategory {
-		return NewPet{}, false
-	}
-	return np, true
-}
-
-// skipJSONSpace returns the index of the first byte at or after i that
-// is not JSON whitespace.
-func skipJSONSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// plainJSONString reads a JSON string at b[i] that has no escapes and no
-// control characters, and returns its contents and the index after it.
-func plainJSONString(b []byte, i int) (s []byte, next int, ok bool) {
-	if i == len(b) || b[i] != '"' {
-		return nil, 0, false
-	}
-	for j := i + 1; j < len(b); j++ {
-		switch c := b[j]; {
-		case c == '"':
-			return b[i+1 : j], j + 1, true
-		case c == '\\' || c < ' ':
-			return nil, 0, false
-		}
-	}
-	return nil, 0, false
-}
-
 // splitObject parses body as exactly one JSON object and returns its
 // members, unparsed. Duplicate keys and anything after the object are
 // errors.
@@ -445,16 +321,6 @@ func splitObject(body []byte) (map[string]json.RawMessage, error) {
 	return fields, nil
 }
 
-// sortedKeys returns m's keys in order, so error messages are stable.
-func sortedKeys(m map[string]json.RawMessage) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
 // isNull reports whether a member is absent or JSON null.
 func isNull(raw json.RawMessage) bool {
 	return raw == nil || string(raw) == "null"
@@ -468,44 +334,23 @@ func decodeName(raw json.RawMessage, name *string) string {
 	if raw[0] != '"' || json.Unmarshal(raw, name) != nil {
 		return "name must be a string"
 	}
-	if hasLoneSurrogate(raw) {
+	if loneSurrogates(raw, *name) {
 		// Unmarshal would store U+FFFD in its place without a word.
 		return "name must not contain a \\u escape of half a UTF-16 surrogate pair (such as \\ud800 alone): it is not a character"
 	}
 	return nameProblem(*name)
 }
 
-// hasLoneSurrogate reports whether a JSON string holds a \u escape of a
-// UTF-16 surrogate that is not one half of a pair: a high one followed by
-// a low one.
-func hasLoneSurrogate(raw []byte) bool {
-	surrogate := func(i int) (rune, bool) { // the \u escape at raw[i:]
-		if i+6 > len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
-			return 0, false
-		}
-		n, err := strconv.ParseUint(string(raw[i+2:i+6]), 16, 32)
-		return rune(n), err == nil
-	}
-	for i := 0; i < len(raw); i++ {
-		if raw[i] != '\\' {
-			continue
-		}
-		r, ok := surrogate(i)
-		switch {
-		case !ok:
-			i++ // another escape: skip the character it escapes
-		case r >= 0xD800 && r <= 0xDBFF:
-			if low, ok := surrogate(i + 6); !ok || low < 0xDC00 || low > 0xDFFF {
-				return true
-			}
-			i += 11
-		case r >= 0xDC00 && r <= 0xDFFF:
-			return true
-		default:
-			i += 5
-		}
-	}
-	return false
+// loneSurrogates reports whether decoding raw (valid UTF-8) into name
+// made up a U+FFFD: Unmarshal does that, and only that, for a \u escape
+// of half a UTF-16 surrogate pair. Every U+FFFD the client sent is in
+// raw, as itself or as \ufffd.
+func loneSurrogates(raw []byte, name string) bool {
+	// Escaped backslashes go first, left to right as a decoder reads
+	// them, so "\\ufffd" (a backslash, then text) is not counted.
+	escapes := bytes.ReplaceAll(bytes.ToLower(raw), []byte(`\\`), nil)
+	sent := bytes.Count(raw, []byte("\uFFFD")) + bytes.Count(escapes, []byte(`\ufffd`))
+	return strings.Count(name, "\uFFFD") > sent
 }
 
 // isFormatCharacter reports whether r is of Unicode category Cf: invisible
@@ -613,58 +458,23 @@ func appendPetJSON(b []byte, p *petRow) []byte {
 	return append(b, '}')
 }
 
-const hexDigits = "0123456789abcdef"
-
 // appendJSONString appends s as a JSON string the way encoding/json does
-// with HTML escaping off: '"', '\\' and control characters escaped (the
-// short forms where JSON has them), U+2028 and U+2029 escaped for
-// JavaScript, invalid UTF-8 replaced by U+FFFD.
+// with HTML escaping off. A name as the service stores it (printable, no
+// quote or backslash) is copied as it is; anything else, such as a row an
+// operator wrote, goes through encoding/json.
 func appendJSONString(b []byte, s []byte) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= ' ' && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRune(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
+	plain := utf8.Valid(s)
+	for _, c := range s {
+		plain = plain && c >= ' ' && c != '"' && c != '\\' && c != 0xE2 // 0xE2 leads U+2028 and U+2029
 	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
+	if plain {
+		b = append(b, '"')
+		b = append(b, s...)
+		return append(b, '"')
+	}
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	enc.Encode(string(s)) // a string always encodes
+	return append(b, bytes.TrimSuffix(out.Bytes(), []byte("\n"))...)
 }

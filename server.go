@@ -104,7 +104,7 @@ func newHandler(s *server) http.Handler {
 	// secureHeaders, logRequests, recoverPanics, cors, rejectUncleanPaths,
 	// the mux, then requireAPIKey, the rate limit and deprecated on the
 	// routes that want them.
-	h := rejectUncleanPaths(mux)
+	h := refuseChunked(rejectUncleanPaths(mux))
 	h = cors(s.corsOrigins, s.log, mux, methods, h)
 	h = recoverPanics(s.log, h)
 	h = logRequests(s.log, h)

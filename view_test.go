@@ -43,9 +43,7 @@ func checkViewMatchesSQLite(t *testing.T, s *petStore, maxID int64) {
 				f := petFilter{after: after, status: status, limit: limit}
 				fromView, _ := pageJSON(func(fn func(*petRow)) error { return s.listPets(ctx, f, fn) })
 				fromFile, err := pageJSON(func(fn func(*petRow)) error { return s.listPetsFromSQLite(ctx, f, fn) })
-				if err != nil {
-					t.Fatal(err)
-				}
+				must(t, err)
 				if diff := cmp.Diff(fromFile, fromView); diff != "" {
 					t.Fatalf("list %+v (-sqlite +view):\n%s", f, diff)
 				}
@@ -70,9 +68,7 @@ func checkViewMatchesSQLite(t *testing.T, s *petStore, maxID int64) {
 func TestViewMatchesSQLite(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	s, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	waitFor(t, patience, "the view to load", func() bool { return s.view.published.Load() != nil })
 	names := []string{"Rex", "Ünïcödé 猫", `quote " and \ backslash`, "<b>&amp;</b>", "line\u2028sep", strings.Repeat("長", 100), " spaced "}
 	rng := mathrand.New(mathrand.NewPCG(1, 2))
@@ -87,9 +83,7 @@ func TestViewMatchesSQLite(t *testing.T) {
 	s.close()
 
 	s, err = openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer s.close()
 	waitFor(t, patience, "the view to load at the restart", func() bool { return s.view.published.Load() != nil })
 	checkViewMatchesSQLite(t, s, n)
@@ -108,9 +102,7 @@ func TestViewSeesExternalWrites(t *testing.T) {
 		createPets(t, svc.url, fmt.Sprintf(`{"name":"Pet %d","categoryId":%d}`, i+1, i+1))
 	}
 	other, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer other.Close()
 	for _, q := range []string{
 		"DELETE FROM pets WHERE id IN (2, 3, 7)",
@@ -154,9 +146,7 @@ func TestViewCatchesUpOutsideAppends(t *testing.T) {
 	createPets(t, svc.url, `{"name":"A","categoryId":1}`, `{"name":"B","categoryId":2}`, `{"name":"C","categoryId":3}`)
 	waitFor(t, 30*time.Second, "the view did not load", func() bool { return s.view.published.Load() != nil })
 	other, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer other.Close()
 	if _, err := other.Exec("CREATE TABLE _tool_seq (id INTEGER PRIMARY KEY, seq INTEGER)"); err != nil {
 		t.Fatal(err)
@@ -198,9 +188,7 @@ func TestOutsideInsertDuringLoad(t *testing.T) {
 	svc := startService(t, nil, "-db", path)
 	s, logs := svc.store, svc.log
 	other, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer other.Close()
 	if _, err := other.Exec("INSERT INTO pets (name, category_id, status) VALUES ('Outside', 4, 'sold')"); err != nil {
 		t.Fatal(err)
@@ -226,15 +214,11 @@ func restoreUnder(t *testing.T, src, dst string) {
 	drv := &sqlite3.SQLiteDriver{ConnectHook: func(c *sqlite3.SQLiteConn) error { conns = append(conns, c); return nil }}
 	for _, p := range []string{dst, src} {
 		c, err := drv.Open(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer c.Close()
 	}
 	b, err := conns[0].Backup("main", conns[1], "main")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for {
 		done, err := b.Step(-1)
 		if err != nil && !errors.Is(err, sqlite3.ErrBusy) && !errors.Is(err, sqlite3.ErrLocked) {
@@ -245,9 +229,7 @@ func restoreUnder(t *testing.T, src, dst string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := b.Finish(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, b.Finish())
 }
 
 // TestCatalogueWentBack restores an older copy of the file under the
@@ -354,9 +336,7 @@ func TestViewSeesReplaces(t *testing.T) {
 	checkReply(t, keyed, 201, nil, `{"id":3,"name":"Keyed","categoryId":3,"status":"available"}`)
 	waitFor(t, patience, "the view to load", func() bool { return s.view.published.Load() != nil })
 	other, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer other.Close()
 	for _, q := range []string{
 		"INSERT OR REPLACE INTO pets (name, category_id, status, idempotency_key, idempotency_scope) VALUES ('Ghost', 1, 'sold', 'k2', (SELECT idempotency_scope FROM pets WHERE idempotency_key = 'k2'))",
