@@ -110,7 +110,9 @@ func fillDisk(t *testing.T, dir string) (free func()) {
 // disk starts, serves reads and reports the full disk.
 func TestDiskFull(t *testing.T) {
 	t.Run("tmpfs", func(t *testing.T) { testDiskFull(t, mountTmpfs(t, "4m")) })
-	t.Run("ext4", func(t *testing.T) { testDiskFull(t, mountExt4(t, filepath.Join(t.TempDir(), "disk.img"), 32<<20, "loop")) })
+	t.Run("ext4", func(t *testing.T) {
+		testDiskFull(t, mountExt4(t, filepath.Join(t.TempDir(), "disk.img"), 32<<20, "loop"))
+	})
 }
 
 func testDiskFull(t *testing.T, dir string) {

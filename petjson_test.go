@@ -96,7 +96,7 @@ func TestHostileBodies(t *testing.T) {
 			kind := "announced"
 			if i%2 == 1 {
 				body = io.MultiReader(strings.NewReader(big)) // chunked
-				kind = "chunked" // refused unread: 411
+				kind = "chunked"                              // refused unread: 411
 			}
 			status, _ := post(client, body)
 			mu.Lock()
