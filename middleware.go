@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	mathrand "math/rand/v2"
@@ -242,6 +243,11 @@ func refuseChunked(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		// The body is read and thrown away first, up to maxDrainBytes and
+		// within -read-timeout, as for a 413: a client still sending when
+		// the connection closes is reset and loses the answer. The body
+		// reader stops at the last chunk, so what follows is never read.
+		io.Copy(io.Discard, io.LimitReader(r.Body, maxDrainBytes))
 		w.Header().Set("Connection", "close")
 		writeError(w, http.StatusLengthRequired, codeLengthRequired,
 			"send the request body with a Content-Length header, not Transfer-Encoding: chunked")
