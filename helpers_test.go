@@ -306,6 +306,14 @@ func countLines(logs *syncBuffer, re string) int {
 	return len(regexp.MustCompile(re).FindAllString(logs.String(), -1))
 }
 
+// checkLines asserts that the log has want lines matching re.
+func checkLines(t testing.TB, logs *syncBuffer, re string, want int) {
+	t.Helper()
+	if n := countLines(logs, re); n != want {
+		t.Errorf("%d log lines match %s, want %d; the log:\n%s", n, re, want, logs)
+	}
+}
+
 // lacking says that this test cannot run here for want of what (a tool,
 // root, the network), in one line naming it and how to get it. The test
 // is skipped, so that `go test ./...` passes on a machine with only Go and
@@ -553,42 +561,30 @@ type create struct {
 func startCreates(t testing.TB, base string, clients int, prefix string) *creates {
 	s := &creates{}
 	client := &http.Client{Timeout: patience}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				s.mu.Lock()
-				n := len(s.sent) + 1
-				c := &create{name: fmt.Sprintf("%s %d", prefix, n), afterRefusal: s.refused}
-				c.call = call{method: "POST", path: "/v1/pets", body: fmt.Sprintf(`{"name":%q,"categoryId":%d}`, c.name, n%9+1), client: client}
-				if n%2 == 0 {
-					c.header = map[string]string{"Idempotency-Key": fmt.Sprintf("create-%d", n)}
-				}
-				s.sent = append(s.sent, c)
-				s.mu.Unlock()
-				r := send(t, base, c.call)
-				s.mu.Lock()
-				c.done, c.status, c.body, c.at = true, r.status, r.body, time.Now()
-				if r.status == 201 {
-					c.pet = decodePet(t, r.body)
-				}
-				s.refused = s.refused || r.status != 201 && r.err == nil
-				s.mu.Unlock()
-				if r.err != nil {
-					return
-				}
-			}
-		}()
-	}
-	s.stop = sync.OnceFunc(func() { close(done); wg.Wait() })
+	halt := make(chan struct{})
+	stop := inLoops(t, clients, func() {
+		s.mu.Lock()
+		n := len(s.sent) + 1
+		c := &create{name: fmt.Sprintf("%s %d", prefix, n), afterRefusal: s.refused}
+		c.call = call{method: "POST", path: "/v1/pets", body: fmt.Sprintf(`{"name":%q,"categoryId":%d}`, c.name, n%9+1), client: client}
+		if n%2 == 0 {
+			c.header = map[string]string{"Idempotency-Key": fmt.Sprintf("create-%d", n)}
+		}
+		s.sent = append(s.sent, c)
+		s.mu.Unlock()
+		r := send(t, base, c.call)
+		s.mu.Lock()
+		c.done, c.status, c.body, c.at = true, r.status, r.body, time.Now()
+		if r.status == 201 {
+			c.pet = decodePet(t, r.body)
+		}
+		s.refused = s.refused || r.status != 201 && r.err == nil
+		s.mu.Unlock()
+		if r.err != nil {
+			<-halt
+		}
+	})
+	s.stop = sync.OnceFunc(func() { close(halt); stop() })
 	t.Cleanup(s.stop)
 	return s
 }
@@ -611,6 +607,17 @@ func (s *creates) statuses() map[int]int {
 	for _, c := range s.answers() {
 		if c.done {
 			n[c.status]++
+		}
+	}
+	return n
+}
+
+// refusals counts the creates answered, and not with 201.
+func (s *creates) refusals() int {
+	n := 0
+	for status, count := range s.statuses() {
+		if status != 201 && status != 0 {
+			n += count
 		}
 	}
 	return n

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
@@ -12,7 +9,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -101,18 +97,10 @@ func TestViewSeesExternalWrites(t *testing.T) {
 	for i := range 10 {
 		createPets(t, svc.url, fmt.Sprintf(`{"name":"Pet %d","categoryId":%d}`, i+1, i+1))
 	}
-	other, err := sql.Open("sqlite3", path)
-	must(t, err)
-	defer other.Close()
-	for _, q := range []string{
+	sqlExec(t, path,
 		"DELETE FROM pets WHERE id IN (2, 3, 7)",
 		"UPDATE pets SET name = 'Renamed', status = 'sold' WHERE id = 5",
-		"INSERT INTO pets (id, name, category_id, status) VALUES (100, 'Hand-made', 9, 'pending')",
-	} {
-		if _, err := other.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
+		"INSERT INTO pets (id, name, category_id, status) VALUES (100, 'Hand-made', 9, 'pending')")
 	edited := time.Now()
 	want := `[{"id":1,"name":"Pet 1","categoryId":1,"status":"available"},{"id":4,"name":"Pet 4","categoryId":4,"status":"available"},` +
 		`{"id":5,"name":"Renamed","categoryId":5,"status":"sold"},{"id":6,"name":"Pet 6","categoryId":6,"status":"available"},` +
@@ -145,36 +133,25 @@ func TestViewCatchesUpOutsideAppends(t *testing.T) {
 	s, logs := svc.store, svc.log
 	createPets(t, svc.url, `{"name":"A","categoryId":1}`, `{"name":"B","categoryId":2}`, `{"name":"C","categoryId":3}`)
 	waitFor(t, 30*time.Second, "the view did not load", func() bool { return s.view.published.Load() != nil })
-	other, err := sql.Open("sqlite3", path)
-	must(t, err)
-	defer other.Close()
-	if _, err := other.Exec("CREATE TABLE _tool_seq (id INTEGER PRIMARY KEY, seq INTEGER)"); err != nil {
-		t.Fatal(err)
-	}
+	sqlExec(t, path, "CREATE TABLE _tool_seq (id INTEGER PRIMARY KEY, seq INTEGER)")
+	// Each of the tool's writes is followed by a create, whose commit
+	// compares the file's change count with the view's first.
 	for i := range 20 {
-		if _, err := other.Exec("INSERT OR REPLACE INTO _tool_seq VALUES (1, ?)", i); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(30 * time.Millisecond)
+		sqlExec(t, path, fmt.Sprintf("INSERT OR REPLACE INTO _tool_seq VALUES (1, %d)", i))
+		createPets(t, svc.url, `{"name":"Between","categoryId":1}`)
 	}
-	if _, err := other.Exec("INSERT INTO pets (name, category_id, status) VALUES ('Outside', 4, 'sold')"); err != nil {
-		t.Fatal(err)
-	}
+	sqlExec(t, path, "INSERT INTO pets (name, category_id, status) VALUES ('Outside', 4, 'sold')")
 	waitFor(t, 30*time.Second, "the outside insert was not served", func() bool {
-		return send(t, svc.url, call{method: "GET", path: "/v1/pets/4"}).status == 200
+		return send(t, svc.url, call{method: "GET", path: "/v1/pets/24"}).status == 200
 	})
 	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"D","categoryId":5}`}), 201, nil,
-		`{"id":5,"name":"D","categoryId":5,"status":"available"}`)
-	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?after=2"}), 200, nil,
-		`[{"id":3,"name":"C","categoryId":3,"status":"available"},{"id":4,"name":"Outside","categoryId":4,"status":"sold"},`+
-			`{"id":5,"name":"D","categoryId":5,"status":"available"}]`)
-	if n := countLines(logs, `msg="in-memory view loaded"`); n != 1 {
-		t.Errorf("the view was loaded %d times, want once:\n%s", n, logs)
-	}
-	if n := countLines(logs, `msg="in-memory view is rebuilt`); n != 0 {
-		t.Errorf("the view was rebuilt %d times, want never:\n%s", n, logs)
-	}
-	checkViewMatchesSQLite(t, s, 6)
+		`{"id":25,"name":"D","categoryId":5,"status":"available"}`)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?after=22"}), 200, nil,
+		`[{"id":23,"name":"Between","categoryId":1,"status":"available"},{"id":24,"name":"Outside","categoryId":4,"status":"sold"},`+
+			`{"id":25,"name":"D","categoryId":5,"status":"available"}]`)
+	checkLines(t, logs, `msg="in-memory view loaded"`, 1)
+	checkLines(t, logs, `msg="in-memory view is rebuilt`, 0)
+	checkViewMatchesSQLite(t, s, 26)
 }
 
 // TestOutsideInsertDuringLoad inserts a pet from outside while a large
@@ -187,12 +164,7 @@ func TestOutsideInsertDuringLoad(t *testing.T) {
 	preloadPets(t, path, n)
 	svc := startService(t, nil, "-db", path)
 	s, logs := svc.store, svc.log
-	other, err := sql.Open("sqlite3", path)
-	must(t, err)
-	defer other.Close()
-	if _, err := other.Exec("INSERT INTO pets (name, category_id, status) VALUES ('Outside', 4, 'sold')"); err != nil {
-		t.Fatal(err)
-	}
+	sqlExec(t, path, "INSERT INTO pets (name, category_id, status) VALUES ('Outside', 4, 'sold')")
 	loadedFirst := s.view.published.Load() != nil
 	waitFor(t, 60*time.Second, "the view did not load", func() bool { return countLines(logs, `msg="in-memory view loaded"`) == 1 })
 	waitFor(t, 30*time.Second, "the outside insert was not served", func() bool {
@@ -219,16 +191,13 @@ func restoreUnder(t *testing.T, src, dst string) {
 	}
 	b, err := conns[0].Backup("main", conns[1], "main")
 	must(t, err)
-	for {
+	waitFor(t, patience, "the restore to copy every page", func() bool {
 		done, err := b.Step(-1)
 		if err != nil && !errors.Is(err, sqlite3.ErrBusy) && !errors.Is(err, sqlite3.ErrLocked) {
 			t.Fatalf("restore: %v", err)
 		}
-		if done {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return done
+	})
 	must(t, b.Finish())
 }
 
@@ -246,65 +215,41 @@ func TestCatalogueWentBack(t *testing.T) {
 		createPets(t, svc.url, fmt.Sprintf(`{"name":"Old %d","categoryId":1}`, i+1))
 	}
 	older := filepath.Join(dir, "older.db")
-	if _, err := backupDatabase(context.Background(), path, older); err != nil {
-		t.Fatal(err)
-	}
+	_, err := backupDatabase(context.Background(), path, older)
+	must(t, err)
 	for i := range 3 {
 		createPets(t, svc.url, fmt.Sprintf(`{"name":"New %d","categoryId":2}`, i+1))
 	}
 
-	// Clients keep creating through the restore; every 201 is recorded.
-	var mu sync.Mutex
+	// Clients keep creating through the restore; every answer is recorded.
+	load := startCreates(t, svc.url, 4, "Client pet")
+	waitFor(t, patience, "20 creates before the restore", func() bool { return load.statuses()[201] >= 20 })
+	restoreUnder(t, older, path)
+	waitFor(t, patience, "creates to be refused after the restore", func() bool { return load.refusals() > 0 })
+	load.stop()
+	want := errBody(503, codeAcknowledgedPetsMissing, faultWentBack.message())
 	acked := map[int64]string{} // id -> the name it was acknowledged for
 	twice := 0
-	refusedWentBack := make(chan struct{})
-	var once sync.Once
-	var n atomic.Int64
-	stop := inLoops(t, 4, func() {
-		name := fmt.Sprintf("Client pet %d", n.Add(1))
-		r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":3}`})
-		err := r.err
-		if err != nil {
-			t.Error(err)
-			return
-		}
+	for _, c := range load.answers() {
 		switch {
-		case r.status == 201:
-			var p Pet
-			json.Unmarshal(r.body, &p)
-			mu.Lock()
-			if prev, ok := acked[p.ID]; ok && prev != name {
-				twice++
-			}
-			acked[p.ID] = name
-			mu.Unlock()
-		case r.status == 503 && bytes.Contains(r.body, []byte(codeAcknowledgedPetsMissing)):
-			once.Do(func() { close(refusedWentBack) })
-		default:
-			t.Errorf("create: %d %s", r.status, r.body)
+		case c.status == 201 && acked[c.pet.ID] != "":
+			twice++
+		case c.status == 201:
+			acked[c.pet.ID] = c.name
+		case diffJSON([]byte(want), c.body) != "":
+			t.Errorf("create: %d %s", c.status, c.body)
 		}
-	})
-	time.Sleep(200 * time.Millisecond)
-	restoreUnder(t, older, path)
-	select {
-	case <-refusedWentBack:
-	case <-time.After(patience):
-		t.Error("creates were not refused after the restore")
 	}
-	stop()
 	if twice != 0 {
 		t.Errorf("%d ids were acknowledged twice, to different pets", twice)
 	}
 	t.Logf("%d creates acknowledged to the clients around the restore, 0 ids twice", len(acked))
 
-	want := errBody(503, codeAcknowledgedPetsMissing, faultWentBack.message())
 	got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Late","categoryId":1}`})
 	checkReply(t, got, 503, map[string]string{"Retry-After": "60"}, want)
 	got = send(t, svc.url, call{method: "GET", path: "/healthz"})
 	checkReply(t, got, 503, map[string]string{"Retry-After": "60"}, want)
-	if n := countLines(logs, `level=ERROR msg="the database file went back`); n != 1 {
-		t.Errorf("%d ERROR lines for the restore, want 1:\n%s", n, logs)
-	}
+	checkLines(t, logs, `level=ERROR msg="the database file went back`, 1)
 	missing := regexp.MustCompile(`missing_pets=(\d+) missing_ids=6-(\d+) file_top_id=5 `).FindStringSubmatch(logs.String())
 	if missing == nil {
 		t.Errorf("the ERROR line does not name the missing pets 6 and up:\n%s", logs)
@@ -335,17 +280,9 @@ func TestViewSeesReplaces(t *testing.T) {
 	keyed := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Keyed","categoryId":3}`, header: map[string]string{"Idempotency-Key": "k2"}})
 	checkReply(t, keyed, 201, nil, `{"id":3,"name":"Keyed","categoryId":3,"status":"available"}`)
 	waitFor(t, patience, "the view to load", func() bool { return s.view.published.Load() != nil })
-	other, err := sql.Open("sqlite3", path)
-	must(t, err)
-	defer other.Close()
-	for _, q := range []string{
+	sqlExec(t, path,
 		"INSERT OR REPLACE INTO pets (name, category_id, status, idempotency_key, idempotency_scope) VALUES ('Ghost', 1, 'sold', 'k2', (SELECT idempotency_scope FROM pets WHERE idempotency_key = 'k2'))",
-		"INSERT OR REPLACE INTO pets (id, name, category_id, status) VALUES (2, 'B again', 5, 'pending')",
-	} {
-		if _, err := other.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
+		"INSERT OR REPLACE INTO pets (id, name, category_id, status) VALUES (2, 'B again', 5, 'pending')")
 	want := `[{"id":1,"name":"A","categoryId":1,"status":"available"},{"id":2,"name":"B again","categoryId":5,"status":"pending"},` +
 		`{"id":4,"name":"Ghost","categoryId":1,"status":"sold"}]`
 	waitFor(t, patience, "the API to show the replaces", func() bool {
@@ -379,9 +316,7 @@ func TestLoadCatchesUpItsOwnCreates(t *testing.T) {
 	if c := s.view.published.Load(); len(c.ids) != n+int(created.Load()) {
 		t.Errorf("the view holds %d pets, want %d preloaded + %d created", len(c.ids), n, created.Load())
 	}
-	if lines := countLines(logs, `msg="in-memory view is rebuilt"`); lines != 0 {
-		t.Errorf("the view was rebuilt %d times with no change from outside:\n%s", lines, logs)
-	}
+	checkLines(t, logs, `msg="in-memory view is rebuilt"`, 0)
 	fromView, _ := pageJSON(func(fn func(*petRow)) error {
 		return s.listPets(context.Background(), petFilter{after: n - 5, limit: 100}, fn)
 	})
