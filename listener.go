@@ -52,18 +52,17 @@ type limitListener struct {
 	closed    chan struct{}
 	closeOnce sync.Once
 
-	mu            sync.Mutex
-	open          int
-	waiting       map[string]*list.List // per client: connections not served nor idle, oldest first
-	idle          list.List             // connections idle between requests, longest first
-	answered      list.List             // answered with Connection: close, oldest first
-	closedForRoom int                   // since the last WARN line
-	warned        time.Time             // when it was written
+	mu        sync.Mutex
+	open      int
+	waiting   map[string]*list.List // per client: connections not served nor idle, oldest first
+	idle      list.List             // connections idle between requests, longest first
+	answered  list.List             // answered with Connection: close, oldest first
+	fullLines *logLimiter           // the WARN line, once a minute
 }
 
 func newLimitListener(ln net.Listener, max int, log *slog.Logger) *limitListener {
 	return &limitListener{Listener: ln, max: max, log: log, waiting: map[string]*list.List{},
-		freed: make(chan struct{}, 1), closed: make(chan struct{})}
+		fullLines: newLogLimiter(time.Minute, 1, 0), freed: make(chan struct{}, 1), closed: make(chan struct{})}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -144,14 +143,12 @@ const silentAfter = time.Second
 // left for its client to read the answer before it may be closed for room.
 const lingerFor = 50 * time.Millisecond
 
-// noteClosedForRoom counts a connection closed for room, and says so at
-// most once a minute. l.mu is held.
+// noteClosedForRoom says that a connection was closed for room, at most
+// once a minute, counting those closed since the last line.
 func (l *limitListener) noteClosedForRoom() {
-	l.closedForRoom++
-	if time.Since(l.warned) >= time.Minute {
+	if ok, held, _ := l.fullLines.allow("full", time.Now()); ok {
 		l.log.Warn("connection limit reached: connections not being served were closed to make room for new ones",
-			"max_conns", l.max, "closed", l.closedForRoom)
-		l.closedForRoom, l.warned = 0, time.Now()
+			"max_conns", l.max, "closed", held+1)
 	}
 }
 
@@ -166,10 +163,7 @@ func (l *limitListener) signal() {
 // connState is the http.Server's ConnState hook: a connection that has
 // answered its request is idle until the next one begins.
 func (l *limitListener) connState(c net.Conn, state http.ConnState) {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	lc, ok := c.(*limitedConn)
+	lc, ok := limitedOf(c)
 	if !ok {
 		return
 	}
@@ -190,34 +184,43 @@ type connKey struct{}
 
 // connContext is the http.Server's ConnContext hook.
 func connContext(ctx context.Context, c net.Conn) context.Context {
+	lc, _ := limitedOf(c)
+	return context.WithValue(ctx, connKey{}, lc)
+}
+
+// limitedOf is the limitedConn under c, a TLS connection's included.
+func limitedOf(c net.Conn) (*limitedConn, bool) {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}
-	return context.WithValue(ctx, connKey{}, c)
+	lc, ok := c.(*limitedConn)
+	return lc, ok
 }
 
 // serving marks a request's connection as being served once its request
 // has reached the handlers, so it is not closed to make room.
 func (l *limitListener) serving(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if lc, ok := r.Context().Value(connKey{}).(*limitedConn); ok {
-			l.mu.Lock()
-			if !lc.closed {
-				lc.moveTo(nil)
-			}
-			l.mu.Unlock()
-		}
+		lc, _ := r.Context().Value(connKey{}).(*limitedConn)
+		l.moveOpen(lc, nil)
 		next.ServeHTTP(w, r)
-		if lc, ok := r.Context().Value(connKey{}).(*limitedConn); ok && w.Header().Get("Connection") == "close" {
+		if lc != nil && w.Header().Get("Connection") == "close" {
 			http.NewResponseController(w).Flush()
-			l.mu.Lock()
-			if !lc.closed {
-				lc.since = time.Now()
-				lc.moveTo(&l.answered)
-			}
-			l.mu.Unlock()
+			l.moveOpen(lc, &l.answered)
 		}
 	})
+}
+
+// moveOpen moves c, if it is a limitedConn still open, to the list to.
+func (l *limitListener) moveOpen(c *limitedConn, to *list.List) {
+	if c == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !c.closed {
+		c.moveTo(to)
+	}
 }
 
 func (l *limitListener) Close() error {
@@ -243,7 +246,7 @@ type limitedConn struct {
 	net.Conn
 	l      *limitListener
 	client string    // clientOf its remote address
-	since  time.Time // when it began to wait for a request
+	since  time.Time // when it was last put in a list
 	// Guarded by l.mu: the list it is in (nil while served), its element
 	// there, and whether it was closed.
 	in     *list.List
@@ -258,7 +261,6 @@ func (c *limitedConn) wait() {
 		conns = list.New()
 		c.l.waiting[c.client] = conns
 	}
-	c.since = time.Now()
 	c.moveTo(conns)
 }
 
@@ -273,7 +275,7 @@ func (c *limitedConn) moveTo(to *list.List) {
 	}
 	c.in, c.elem = to, nil
 	if to != nil {
-		c.elem = to.PushBack(c)
+		c.elem, c.since = to.PushBack(c), time.Now()
 	}
 }
 
