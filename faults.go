@@ -377,26 +377,23 @@ func (s *petStore) storageFault(err error) error {
 
 // saveVanished runs in the writer loop once a file SQLite holds open is
 // no longer at its path. What the service holds is saved through its
-// open connection: where the -wal or -shm went, a checkpoint puts every
-// committed pet into the database file; where the database went (or the
-// checkpoint cannot finish), VACUUM INTO writes them all to a new file
-// beside the path, and the -wal is emptied so that it cannot be paired
-// with another file at the next start. It reports whether every pet the
-// service committed is in the file the log names.
+// open connection: VACUUM INTO writes every committed pet to a new file
+// beside the path, which the log names with the command that puts it
+// back. A checkpoint alone is not enough: a -wal replaced by an older copy
+// would be laid over the checkpointed database at the next start. The
+// -wal is then emptied, so that it cannot be paired with another file. It
+// reports whether every pet the service committed is in the saved file.
 func (s *petStore) saveVanished(w *batchWriter, which string) bool {
-	kind, path := faultTampered, s.file.path
+	kind := faultTampered
 	if which == s.file.path {
 		kind = faultReplaced
-	} else if w.checkpoint("TRUNCATE") == nil {
-		s.lastingFault(&storageError{kind: kind, err: fmt.Errorf("%s was deleted or replaced", which)},
-			"a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
-				"every pet is checkpointed into the database file: restart the service (docs/operations.md: The operator contract)")
-		return true
 	}
-	saved := fmt.Sprintf("%s.saved-%s", path, time.Now().UTC().Format("20060102T150405Z"))
+	se := &storageError{kind: kind, err: fmt.Errorf("%s was deleted or replaced", which)}
+	// To the nanosecond, so that a second save (after a restart) never
+	// meets the first one's name.
+	saved := s.file.path + ".saved-" + time.Now().UTC().Format("20060102T150405.000000000Z")
 	err := vacuumInto(context.Background(), w.conn, saved)
 	w.checkpoint("TRUNCATE")
-	se := &storageError{kind: kind, err: fmt.Errorf("%s was deleted or replaced", which)}
 	if err != nil {
 		s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
 			"its pets could not be saved: fetch what the API still serves (GET /v1/pets) before you stop it", "save_err", err.Error())
@@ -404,7 +401,7 @@ func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 	}
 	s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
 		"every pet it holds is saved: stop the service, put them back with the command given, then start it",
-		"saved", saved, "command", "petstore restore -from "+saved+" -db "+path)
+		"saved", saved, "command", "petstore restore -from "+saved+" -db "+s.file.path)
 	return true
 }
 

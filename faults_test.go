@@ -357,34 +357,52 @@ func checkFaultEpisodes(t testing.TB, logs *syncBuffer, kind string, n int) {
 	}
 }
 
-// TestDamagedFile corrupts pages of a database file: the service starts,
-// its background quick_check finds the damage, /healthz answers 503 with
-// the reason, one error line says how to restore, and no request gets a
-// 500.
+// TestDamagedFile damages a database file, by its pages or by a value no
+// STRICT table holds: the service starts, its background quick_check
+// finds the damage, /healthz answers 503 with the reason, one error line
+// says how to restore, and no request gets a 500 or a 404.
 func TestDamagedFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "pets.db")
-	preloadPets(t, path, 5000)
-	damagePage(t, path)
-
-	svc := startService(t, nil, "-db", path)
-	_, logs := svc.store, svc.log
-	waitFor(t, patience, "health to report the damage", func() bool {
-		return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 503
-	})
-	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
-	checkLines(t, logs, `level=ERROR msg="database file is damaged: stop the service, [^"]*restore the latest backup[^"]*"`, 1)
-	statuses := map[int]int{}
-	for after := 0; after < 5000; after += 100 {
-		r := send(t, svc.url, call{method: "GET", path: "/v1/pets?limit=100&after=" + strconv.Itoa(after)})
-		statuses[r.status]++
-		if r.status != 200 {
-			checkReply(t, r, 503, map[string]string{"Retry-After": "60"}, damagedBody)
-		}
+	for name, damage := range map[string]func(*testing.T, string){"pages": damagePage, "row": garbleRow} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "pets.db")
+			preloadPets(t, path, 5000)
+			damage(t, path)
+			svc := startService(t, nil, "-db", path)
+			waitFor(t, patience, "health to report the damage", func() bool {
+				return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 503
+			})
+			checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+			checkLines(t, svc.log, `level=ERROR msg="database file is damaged: stop the service, [^"]*restore the latest backup[^"]*"`, 1)
+			statuses := map[int]int{}
+			for after := 0; after < 5000; after += 100 {
+				r := send(t, svc.url, call{method: "GET", path: "/v1/pets?limit=100&after=" + strconv.Itoa(after)})
+				statuses[r.status]++
+				if r.status != 200 {
+					checkReply(t, r, 503, map[string]string{"Retry-After": "60"}, damagedBody)
+				}
+			}
+			checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+			// A pet the store cannot find may be in the damaged pages: not a 404.
+			checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/5001"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+			t.Logf("damaged %s: list pages answered %v", name, statuses)
+		})
 	}
-	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
-	// A pet the store cannot find may be in the damaged pages: not a 404.
-	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/5001"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
-	t.Logf("damaged file: list pages answered %v", statuses)
+}
+
+// garbleRow puts text in pet 2's category_id, through SQLite with the
+// table's STRICT taken off for the moment.
+func garbleRow(t *testing.T, path string) {
+	for _, stmt := range []string{
+		"PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, ') STRICT', ')') WHERE name = 'pets'",
+		"UPDATE pets SET category_id = 'garbage' WHERE id = 2",
+		"PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = sql || ' STRICT' WHERE name = 'pets'",
+	} {
+		db, err := sql.Open("sqlite3", path)
+		must(t, err)
+		_, err = db.Exec(stmt)
+		db.Close()
+		must(t, err)
+	}
 }
 
 // TestFrozenStorage freezes the filesystem under the binary while clients
@@ -464,14 +482,14 @@ func TestReadOnlyMountAtStart(t *testing.T) {
 
 	svc = startService(t, nil, "-db", stopped)
 	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/1"}), 200, nil, `{"id":1,"name":"Rex","categoryId":1,"status":"available"}`)
-	for _, tt := range []struct{ file, need, sqliteSaid string }{
-		{"journal.db", "switch it to WAL, which writes to it", "attempt to write a readonly database"},
-		{"bare.db", "create bare.db-wal and -shm beside it", "unable to open database file: no such file or directory"},
+	for _, tt := range []struct{ file, sqliteSaid string }{
+		{"journal.db", "attempt to write a readonly database"},
+		{"bare.db", "unable to open database file: no such file or directory"},
 	} {
 		path := filepath.Join(dir, tt.file)
 		_, err := openStore(path, storeOptions{})
-		want := "open database " + path + ": the database file or its filesystem is read-only, and to open it SQLite must " + tt.need +
-			" (" + tt.sqliteSaid + "): make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)"
+		want := "open database " + path + ": the database file or its filesystem is read-only, and to open it SQLite must write " +
+			"(switch a rollback-journal file to WAL, or create the -wal and -shm of a WAL file) (" + tt.sqliteSaid + "): make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)"
 		if err == nil || err.Error() != want {
 			t.Errorf("start on %s:\n got %v\nwant %s", tt.file, err, want)
 		}
@@ -637,17 +655,18 @@ func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 	t.Logf("%d checks of a healthy service, all 200; %d on a full disk in %s, all 503, with %d writes and fsyncs", requests, requests, took.Round(time.Millisecond), calls)
 }
 
-// TestFilesRemovedUnderLoad removes or renames the database, its -wal or
-// its -shm under the binary while clients create, each with a name of its
-// own, then kills the binary and starts it again, as its ERROR line says
-// to. From the first refusal on no create is answered 201; creates and
-// /healthz say why; and afterwards the names answered 201 are all in the
-// catalogue, those answered 503 none of them. Where the database went,
-// the line names the file every pet was saved to and the restore command
-// that puts them back, which the test runs.
+// TestFilesRemovedUnderLoad removes, renames or replaces the database,
+// its -wal or its -shm under the binary while clients create, each with a
+// name of its own, then kills the binary, runs the restore command its
+// ERROR line gives and starts it again. From the first refusal on no
+// create is answered 201; creates and /healthz say why; and afterwards the
+// names answered 201 are all in the catalogue, those answered 503 none of
+// them. A -wal replaced by an older copy of itself is the case a
+// checkpoint alone would lose: the copy is laid over the file at the next
+// start.
 func TestFilesRemovedUnderLoad(t *testing.T) {
 	for _, tt := range []struct{ name, file, how string }{
-		{"wal", "-wal", "removed"}, {"wal", "-wal", "renamed"},
+		{"wal", "-wal", "removed"}, {"wal", "-wal", "renamed"}, {"wal", "-wal", "replaced"},
 		{"shm", "-shm", "removed"}, {"shm", "-shm", "renamed"},
 		{"database", "", "removed"}, {"database", "", "renamed"},
 	} {
@@ -656,19 +675,24 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 			logs := &syncBuffer{}
 			base, cmd := startBinary(t, nil, []string{"-db", db}, logs)
 			load := startCreates(t, base, 4, "Pet")
+			waitFor(t, patience, "500 creates", func() bool { return load.statuses()[201] >= 500 })
+			older, err := os.ReadFile(db + tt.file)
+			must(t, err)
 			waitFor(t, patience, "1,000 creates", func() bool { return load.statuses()[201] >= 1000 })
-			if tt.how == "renamed" {
+			switch tt.how {
+			case "renamed":
 				must(t, os.Rename(db+tt.file, db+tt.file+".moved"))
-			} else {
+			case "replaced":
+				must(t, os.WriteFile(db+tt.file+".older", older, 0o600))
+				must(t, os.Rename(db+tt.file+".older", db+tt.file))
+			default:
 				must(t, os.Remove(db+tt.file))
 			}
 			waitFor(t, patience, "200 creates to be refused", func() bool { return load.refusals() >= 200 })
 			load.stop()
 			want := errBody(503, codeStorageTampered, faultTampered.message())
-			logged := `level=ERROR msg="a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; every pet is checkpointed into the database file: restart the service`
 			if tt.file == "" {
 				want = errBody(503, codeUnavailable, faultReplaced.message())
-				logged = `level=ERROR msg="a file SQLite holds open was deleted or replaced[^"]*every pet it holds is saved[^"]*" saved=(\S+) command="petstore restore -from (\S+) -db ` + regexp.QuoteMeta(db) + `"`
 			}
 			for _, c := range load.answers() {
 				if c.status == 201 && c.afterRefusal {
@@ -679,23 +703,23 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 			}
 			checkReply(t, send(t, base, call{method: "POST", path: "/v1/pets", body: newPetBody}), 503, map[string]string{"Retry-After": "60"}, want)
 			checkReply(t, send(t, base, call{method: "GET", path: "/healthz", header: noKey}), 503, map[string]string{"Retry-After": "60"}, want)
+			logged := `level=ERROR msg="a file SQLite holds open was deleted or replaced[^"]*every pet it holds is saved[^"]*" saved=(\S+) command="petstore restore -from (\S+) -db ` + regexp.QuoteMeta(db) + `"`
 			waitForLog(t, logs, logged, 1)
 			checkLines(t, logs, `level=ERROR`, 1)
 
 			cmd.Process.Kill()
 			cmd.Wait()
-			if m := regexp.MustCompile(logged).FindStringSubmatch(logs.String()); tt.file == "" && m != nil {
-				out, err := exec.Command(petstoreBinary(t), "restore", "-from", m[2], "-db", db).CombinedOutput()
-				if err != nil || m[1] != m[2] {
-					t.Fatalf("the logged command: %v: %s (saved=%s)", err, out, m[1])
-				}
+			m := regexp.MustCompile(logged).FindStringSubmatch(logs.String())
+			out, err := exec.Command(petstoreBinary(t), "restore", "-from", m[2], "-db", db).CombinedOutput()
+			if err != nil || m[1] != m[2] {
+				t.Fatalf("the logged command: %v: %s (saved=%s)", err, out, m[1])
 			}
 			base, _ = startBinary(t, nil, []string{"-db", db}, nil)
 			acked, refused, refusedStored := checkStored(t, walkCatalogue(t, base), load)
 			if refusedStored != 0 {
 				t.Errorf("%d creates answered 503 are stored", refusedStored)
 			}
-			t.Logf("%s %s under load: %d creates answered 201, all there after a SIGKILL and a restart; %d answered 503, none stored", tt.name, tt.how, acked, refused)
+			t.Logf("%s %s under load: %d creates answered 201, all there after a SIGKILL and the logged restore; %d answered 503, none stored", tt.name, tt.how, acked, refused)
 		})
 	}
 }

@@ -10,11 +10,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/url"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -254,7 +251,7 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 		file.close()
 		var sqliteErr sqlite3.Error
 		if file.readOnly.Load() && errors.As(err, &sqliteErr) {
-			err = readOnlyStartError(path, err)
+			err = readOnlyStartError(err)
 		}
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
@@ -321,27 +318,10 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 // read cannot be opened: SQLite's own message ("unable to open database
 // file", "attempt to write a readonly database") does not say that
 // opening it needs a write.
-func readOnlyStartError(path string, err error) error {
-	// Byte 18 of the header is 2 for a WAL database (1 for a rollback
-	// journal), which SQLite opens only with its -wal and -shm beside it.
-	need := "switch it to WAL, which writes to it"
-	if header, readErr := readHeader(path); readErr == nil && header[18] == 2 {
-		need = "create " + filepath.Base(path) + "-wal and -shm beside it"
-	}
-	return fmt.Errorf("the database file or its filesystem is read-only, and to open it SQLite must %s (%v): "+
-		"make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)", need, err)
-}
-
-// readHeader reads the 100-byte header of a SQLite file.
-func readHeader(path string) ([100]byte, error) {
-	var h [100]byte
-	f, err := os.Open(path)
-	if err != nil {
-		return h, err
-	}
-	defer f.Close()
-	_, err = io.ReadFull(f, h[:])
-	return h, err
+func readOnlyStartError(err error) error {
+	return fmt.Errorf("the database file or its filesystem is read-only, and to open it SQLite must write "+
+		"(switch a rollback-journal file to WAL, or create the -wal and -shm of a WAL file) (%v): "+
+		"make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)", err)
 }
 
 // readerConns is the size of the reader pool. More readers than cores: a
@@ -587,7 +567,9 @@ func scanRows(rows *sql.Rows, limit int, fn func(*petRow)) (int, error) {
 	n := 0
 	for n < limit && rows.Next() {
 		if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
-			return n, err
+			// The table is STRICT: a value that does not convert was not
+			// written by SQLite, so the file is damaged.
+			return n, &storageError{kind: faultDamaged, err: err}
 		}
 		fn(&r)
 		n++
