@@ -104,6 +104,34 @@ func TestREADMESize(t *testing.T) {
 	}
 }
 
+// TestDocumentLinks: every link between the documents reaches a file and,
+// where it names one, a heading (as GitHub spells its anchor).
+func TestDocumentLinks(t *testing.T) {
+	anchors := map[string]bool{}
+	for _, doc := range documents {
+		text, err := os.ReadFile(doc)
+		must(t, err)
+		for _, h := range regexp.MustCompile(`(?m)^#+ (.*)$`).FindAllStringSubmatch(string(text), -1) {
+			slug := regexp.MustCompile(`[^a-z0-9 _-]`).ReplaceAllString(strings.ToLower(h[1]), "")
+			anchors[doc+"#"+strings.ReplaceAll(slug, " ", "-")] = true
+		}
+	}
+	for _, doc := range documents {
+		text, _ := os.ReadFile(doc)
+		for _, l := range regexp.MustCompile(`\]\(([^)#:]*)(#[^)]*)?\)`).FindAllStringSubmatch(string(text), -1) {
+			target := filepath.Join(filepath.Dir(doc), l[1])
+			if l[1] == "" {
+				target = doc
+			}
+			if _, err := os.Stat(target); err != nil {
+				t.Errorf("%s links to %s, which is not there", doc, l[0])
+			} else if l[2] != "" && !anchors[target+l[2]] {
+				t.Errorf("%s links to %s, whose heading is not there", doc, l[0])
+			}
+		}
+	}
+}
+
 func TestREADMEExamples(t *testing.T) {
 	needTool(t, "curl", "apt-get install curl")
 	bash := needTool(t, "bash", "apt-get install bash")
