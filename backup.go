@@ -269,6 +269,7 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 		return 0, fmt.Errorf("%w; stop it before restoring", err)
 	}
 	defer old.close()
+	db = old.path // a link's target: the file SQLite opens
 	// The copy is written by SQLite from the backup as SQLite reads it,
 	// its -wal included (a backup left by a killed service has one), then
 	// checked and counted itself.

@@ -196,7 +196,7 @@ var companions = [3]string{"", "-wal", "-shm"}
 // service's user (SQLite would use the umask's mode, and gives the -wal
 // and -shm files the database's mode), and takes the service's lock.
 func openDBFile(path string) (*dbFile, error) {
-	d := &dbFile{path: path}
+	d := &dbFile{}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		// A file that cannot be written (read-only filesystem, immutable
@@ -215,8 +215,22 @@ func openDBFile(path string) (*dbFile, error) {
 		}
 		return nil, fmt.Errorf("lock database %s: %w", path, err)
 	}
-	d.lock = f
+	d.lock, d.path = f, realPath(path)
 	return d, nil
+}
+
+// realPath is path made absolute with its symbolic links resolved, as
+// far as it exists. SQLite follows a link to the database and keeps the
+// -wal and -shm beside its target: those are the files to watch, and an
+// absolute path in the log's restore command works from any directory.
+func realPath(path string) string {
+	if resolved, err := filepath.EvalSymlinks(path); err == nil {
+		path = resolved
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	return path
 }
 
 // noteOpened records the identities of the files SQLite has opened, once

@@ -665,15 +665,26 @@ func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 // checkpoint alone would lose: the copy is laid over the file at the next
 // start.
 func TestFilesRemovedUnderLoad(t *testing.T) {
-	for _, tt := range []struct{ name, file, how string }{
-		{"wal", "-wal", "removed"}, {"wal", "-wal", "renamed"}, {"wal", "-wal", "replaced"},
-		{"shm", "-shm", "removed"}, {"shm", "-shm", "renamed"},
-		{"database", "", "removed"}, {"database", "", "renamed"},
+	for _, tt := range []struct {
+		name, file, how string
+		linked          bool // -db names a symbolic link to the file
+	}{
+		{"wal", "-wal", "removed", false}, {"wal", "-wal", "renamed", false}, {"wal", "-wal", "replaced", false},
+		{"shm", "-shm", "removed", false}, {"shm", "-shm", "renamed", false},
+		{"database", "", "removed", false}, {"database", "", "renamed", false},
+		{"linked wal", "-wal", "removed", true},
 	} {
 		t.Run(tt.name+" "+tt.how, func(t *testing.T) {
-			db := filepath.Join(t.TempDir(), "pets.db")
+			dir := t.TempDir()
+			db, given := filepath.Join(dir, "pets.db"), filepath.Join(dir, "pets.db")
+			if tt.linked {
+				// SQLite keeps the -wal beside the link's target.
+				db, given = filepath.Join(dir, "real", "pets.db"), filepath.Join(dir, "link.db")
+				must(t, os.Mkdir(filepath.Dir(db), 0o700))
+				must(t, os.Symlink(db, given))
+			}
 			logs := &syncBuffer{}
-			base, cmd := startBinary(t, nil, []string{"-db", db}, logs)
+			base, cmd := startBinary(t, nil, []string{"-db", given}, logs)
 			load := startCreates(t, base, 4, "Pet")
 			waitFor(t, patience, "500 creates", func() bool { return load.statuses()[201] >= 500 })
 			older, err := os.ReadFile(db + tt.file)
@@ -714,7 +725,7 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 			if err != nil || m[1] != m[2] {
 				t.Fatalf("the logged command: %v: %s (saved=%s)", err, out, m[1])
 			}
-			base, _ = startBinary(t, nil, []string{"-db", db}, nil)
+			base, _ = startBinary(t, nil, []string{"-db", given}, nil)
 			acked, refused, refusedStored := checkStored(t, walkCatalogue(t, base), load)
 			if refusedStored != 0 {
 				t.Errorf("%d creates answered 503 are stored", refusedStored)

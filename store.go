@@ -277,7 +277,7 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	s := &petStore{file: file, writer: writer, readers: readers, log: opts.log,
 		view:   view{loaded: make(chan loadedView, 1)},
 		queue:  writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan struct{}), loopDone: make(chan struct{})},
-		faults: faultLog{log: opts.log, path: path}, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
+		faults: faultLog{log: opts.log, path: file.path}, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
 	if due {
 		if err := s.migrate(); err != nil {
 			return fail(err)
