@@ -177,9 +177,7 @@ func TestKeysFile(t *testing.T) {
 
 func TestKeygen(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"petstore", "keygen"}, func(string) string { return "" }, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	must(t, run(context.Background(), []string{"petstore", "keygen"}, func(string) string { return "" }, &out, io.Discard))
 	m := regexp.MustCompile(`^key: ([A-Za-z0-9_-]{43})\nkeys-file line: sha256:([0-9a-f]{64})\n$`).FindStringSubmatch(out.String())
 	if m == nil {
 		t.Fatalf("keygen output %q", out.String())
@@ -193,17 +191,13 @@ func TestKeysFileReloadOnSIGHUP(t *testing.T) {
 	dir := t.TempDir()
 	keysFile := filepath.Join(dir, "keys")
 	write := func(content string) {
-		if err := os.WriteFile(keysFile, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.WriteFile(keysFile, []byte(content), 0o600))
 	}
 	write("old-key-0123456789abcdef\nsha256:" + hexDigest("new-key-0123456789abcdef") + "\n")
 	svc := startService(t, map[string]string{"PETSTORE_API_KEYS": "", "PETSTORE_API_KEYS_FILE": keysFile})
 	base, stderr := svc.url, svc.log
 	hup := func() {
-		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
-			t.Fatal(err)
-		}
+		must(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
 	}
 	ok := func(key string) {
 		checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer " + key}}), 200, nil, `[]`)

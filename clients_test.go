@@ -42,14 +42,10 @@ func servedDocument(t *testing.T, dir string) (base string) {
 	t.Helper()
 	base = startService(t, nil).url
 	resp, err := http.Get(base + "/openapi.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer resp.Body.Close()
 	doc, _ := io.ReadAll(resp.Body)
-	if err := os.WriteFile(filepath.Join(dir, "openapi.json"), doc, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(filepath.Join(dir, "openapi.json"), doc, 0o644))
 	return base
 }
 
@@ -111,9 +107,7 @@ func TestGeneratedTypeScriptClient(t *testing.T) {
 	dir := t.TempDir()
 	for _, name := range []string{"package.json", "tsconfig.json", "client.ts"} {
 		b, err := os.ReadFile(filepath.Join("testdata", "tsclient", name))
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		os.WriteFile(filepath.Join(dir, name), b, 0o644)
 	}
 	base := servedDocument(t, dir)
@@ -140,9 +134,7 @@ func TestGeneratedGoClient(t *testing.T) {
 	dir := t.TempDir()
 	base := servedDocument(t, dir)
 	program, err := os.ReadFile(filepath.Join("testdata", "goclient", "main.go.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	os.WriteFile(filepath.Join(dir, "main.go"), program, 0o644)
 	os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module petstoreclient\n\ngo 1.24\n"), 0o644)
 	genOut, genErr := command(t, dir, nil, codegen, "-generate", "types,client", "-package", "main", "-o", "client.gen.go", "openapi.json")
@@ -264,9 +256,7 @@ func loadInBrowser(t *testing.T, chromium, url string, result <-chan []byte) []b
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	defer func() {

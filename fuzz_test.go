@@ -39,9 +39,7 @@ func fuzzRequest(t *testing.T, req *http.Request) (r reply, ok bool) {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	r = reply{status: resp.StatusCode, header: resp.Header, body: b}
 	checkAgainstOpenAPI(t, req.Method, req.URL.RequestURI(), r)
 	return r, true
@@ -90,9 +88,7 @@ func parsePet(b []byte) (Pet, error) {
 // checkPet asserts what every stored pet satisfies.
 func checkPet(t *testing.T, p Pet) {
 	t.Helper()
-	if err := petProblem(p); err != nil {
-		t.Fatal(err)
-	}
+	must(t, petProblem(p))
 }
 
 // petProblem says what in p no stored pet may be, or nil.
@@ -156,9 +152,7 @@ func FuzzCreatePet(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, body, contentType, idempotencyKey string) {
 		req, err := http.NewRequest("POST", svc.url+"/v1/pets", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		req.Header.Set("Authorization", "Bearer "+testKey)
 		if contentType != "" {
 			req.Header.Set("Content-Type", contentType)
@@ -218,9 +212,7 @@ func FuzzListPets(f *testing.F) {
 			}
 		}
 		req, err := http.NewRequest("GET", svc.url+"/v1/pets", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		req.URL.RawQuery = query
 		req.Header.Set("Authorization", "Bearer "+testKey)
 		got, ok := fuzzRequest(t, req)

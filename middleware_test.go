@@ -43,9 +43,7 @@ func TestAccessLog(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer "+testKey)
 	req.Header.Set("X-Request-Id", "back-office-42")
 	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	resp.Body.Close()
 	if got := resp.Header.Get("X-Request-Id"); got != "back-office-42" {
 		t.Errorf("X-Request-Id = %q, want the client's back-office-42", got)
@@ -57,9 +55,7 @@ func TestAccessLog(t *testing.T) {
 		req.Header.Set("Authorization", "Bearer wrong-key")
 		req.Header.Set("X-Request-Id", bad)
 		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		resp.Body.Close()
 		id := resp.Header.Get("X-Request-Id")
 		if !regexp.MustCompile(`^[0-9a-f]{16}$`).MatchString(id) || generated[id] {
@@ -273,9 +269,7 @@ func TestRefusedOriginIsLogged(t *testing.T) {
 		req.Header.Set("Authorization", "Bearer "+testKey)
 		req.Header.Set("Origin", origin)
 		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer resp.Body.Close()
 		return reply{status: resp.StatusCode, header: resp.Header}
 	}

@@ -236,9 +236,7 @@ func checkAgainstOpenAPI(t testing.TB, method, target string, got reply) {
 
 func TestOpenAPIDocumentParses(t *testing.T) {
 	doc, err := openapiDoc()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if doc["openapi"] != "3.1.0" {
 		t.Errorf("openapi = %v, want 3.1.0", doc["openapi"])
 	}
@@ -270,9 +268,7 @@ func TestOpenAPIDocumentParses(t *testing.T) {
 // is really served.
 func TestOpenAPIMatchesRoutes(t *testing.T) {
 	doc, err := openapiDoc()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	var documented, served []string
 	for path, item := range doc["paths"].(map[string]any) {
 		for method := range item.(map[string]any) {
@@ -322,9 +318,7 @@ func TestOpenAPIServed(t *testing.T) {
 // break the document, so passing it means something.
 func TestOpenAPICatchesMismatch(t *testing.T) {
 	doc, err := openapiDoc()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	_, op, ok := operationFor(doc, "GET", "/v1/pets/7")
 	if !ok {
 		t.Fatal("getPet not found in the document")

@@ -157,9 +157,7 @@ func jsonEncodingJSON(t testing.TB, p Pet) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(p); err != nil {
-		t.Fatal(err)
-	}
+	must(t, enc.Encode(p))
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
 
@@ -231,9 +229,7 @@ func TestOversizedBodiesAnsweredWithoutWaiting(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			conn, err := net.Dial("tcp", strings.TrimPrefix(svc.url, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			defer conn.Close()
 			fmt.Fprintf(conn, "POST /v1/pets HTTP/1.1\r\nHost: petstore\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n%s\r\n%s", testKey, tt.headers, tt.sent)
 			conn.SetReadDeadline(time.Now().Add(patience))

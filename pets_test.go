@@ -312,9 +312,7 @@ func TestListPetsFollowLinks(t *testing.T) {
 				t.Fatalf("GET %s: %d %s", next, got.status, got.body)
 			}
 			var pets []Pet
-			if err := json.Unmarshal(got.body, &pets); err != nil {
-				t.Fatal(err)
-			}
+			must(t, json.Unmarshal(got.body, &pets))
 			for _, p := range pets {
 				if seen[p.ID] {
 					t.Errorf("%s: pet %d seen twice", tt.start, p.ID)
@@ -478,9 +476,7 @@ func TestIdempotencyKey(t *testing.T) {
 		req.Header.Add("Idempotency-Key", "a")
 		req.Header.Add("Idempotency-Key", "b")
 		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 400, nil, badKey("send one Idempotency-Key header, not several"))

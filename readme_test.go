@@ -96,9 +96,7 @@ func readmeSession(t *testing.T, readme string) (env map[string]string, args []s
 // an operator or a developer needs is in docs/.
 func TestREADMESize(t *testing.T) {
 	fi, err := os.Stat("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if fi.Size() >= 20000 {
 		t.Errorf("README.md is %d bytes, want under 20,000: move what is not for a newcomer to docs/", fi.Size())
 	}
@@ -136,17 +134,13 @@ func TestREADMEExamples(t *testing.T) {
 	needTool(t, "curl", "apt-get install curl")
 	bash := needTool(t, "bash", "apt-get install bash")
 	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	// The README's session first, then the documents it links to, which
 	// go on from where it ends.
 	var examples []readmeExample
 	for _, doc := range documents {
 		text, err := os.ReadFile(doc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		for _, ex := range readmeCurlExamples(string(text)) {
 			ex.file = doc
 			examples = append(examples, ex)
@@ -225,13 +219,9 @@ func checkSameJSON(t *testing.T, where, want, got string) {
 // it defaults from and its default have their row in the README's table.
 func TestREADMEConfigurationTable(t *testing.T) {
 	var usage bytes.Buffer
-	if err := run(context.Background(), []string{"petstore", "-h"}, func(string) string { return "" }, &usage, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	must(t, run(context.Background(), []string{"petstore", "-h"}, func(string) string { return "" }, &usage, io.Discard))
 	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	rows := regexp.MustCompile("(?m)^\\| `-[a-z-]+` \\|.*$").FindAllString(string(readme), -1)
 	flags := regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(usage.String(), -1)
 	if len(flags) < 10 {

@@ -18,14 +18,10 @@ func TestStore(t *testing.T) {
 	t.Run("database file is private", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "pets.db")
 		s, err := openStore(path, storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer s.close()
 		fi, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		if fi.Mode().Perm() != 0o600 {
 			t.Errorf("mode = %v, want 0600", fi.Mode().Perm())
 		}
@@ -33,23 +29,15 @@ func TestStore(t *testing.T) {
 	t.Run("schema version is recorded and reopening keeps data", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "pets.db")
 		s, err := openStore(path, storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		p, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: "Rex", CategoryID: 1, Status: "available"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		s.close()
 		s, err = openStore(path, storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer s.close()
 		got, err := storedPet(s, p.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		if diff := cmp.Diff(p, got, cmp.AllowUnexported()); diff != "" {
 			t.Errorf("after reopen (-want +got):\n%s", diff)
 		}
@@ -79,15 +67,11 @@ func TestStore(t *testing.T) {
 	})
 	t.Run("status filter reads only the covering index, in id order", func(t *testing.T) {
 		s, err := openStore(filepath.Join(t.TempDir(), "pets.db"), storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer s.close()
 		var plan strings.Builder
 		rows, err := s.readers.Query("EXPLAIN QUERY PLAN SELECT id, name, category_id, status FROM pets WHERE status = ? AND id > ? ORDER BY id LIMIT ?", "sold", 0, 20)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		for rows.Next() {
 			var id, parent, notused int
 			var detail string
@@ -106,9 +90,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 	// place, its pets kept, and idempotency works on it.
 	path := filepath.Join(t.TempDir(), "v1.db")
 	db, err := sql.Open("sqlite3", sqliteDSN(path))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for _, stmt := range []string{migrations[0], "PRAGMA user_version = 1",
 		"INSERT INTO pets (name, category_id, status) VALUES ('Old', 4, 'sold')"} {
 		if _, err := db.Exec(stmt); err != nil {
@@ -117,22 +99,16 @@ func TestMigrateFromVersion1(t *testing.T) {
 	}
 	db.Close()
 	s, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer s.close()
 	got, err := storedPet(s, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if diff := cmp.Diff(Pet{ID: 1, Name: "Old", CategoryID: 4, Status: "sold"}, got); diff != "" {
 		t.Errorf("pet after migration (-want +got):\n%s", diff)
 	}
 	req := createRequest{pet: NewPet{Name: "New", CategoryID: 1, Status: "available"}, idempotencyKey: "k", scope: idempotencyScope(digestOf(testKey))}
 	first, _, err := s.createPet(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	again, replayed, err := s.createPet(context.Background(), req)
 	if err != nil || !replayed || again != first {
 		t.Errorf("retry = %+v, %v, %v; want %+v replayed", again, replayed, err, first)
@@ -166,9 +142,7 @@ func TestForeignFiles(t *testing.T) {
 		t.Helper()
 		path := filepath.Join(t.TempDir(), "x.db")
 		db, err := sql.Open("sqlite3", path)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer db.Close()
 		for _, q := range sqls {
 			if _, err := db.Exec(q); err != nil {
@@ -211,9 +185,7 @@ func TestForeignFiles(t *testing.T) {
 	t.Run("unmarked file of an earlier petstore", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "p.db")
 		s, err := openStore(path, storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		s.close()
 		db, _ := sql.Open("sqlite3", path)
 		for _, q := range []string{"DROP TRIGGER pets_inserted", "DROP TRIGGER pets_updated", "DROP TRIGGER pets_deleted", "DROP TRIGGER pets_replacing",
@@ -245,9 +217,7 @@ func TestForeignFiles(t *testing.T) {
 func TestIdempotencyKeysBelongToTheirAPIKey(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "v5.db")
 	db, err := sql.Open("sqlite3", sqliteDSN(path))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for _, stmt := range append(slices.Clone(migrations[:5]), "PRAGMA user_version = 5",
 		`INSERT INTO pets (name, category_id, status, idempotency_key, request_fingerprint) VALUES ('Old', 1, 'available', 'order-1', x'00')`) {
 		if _, err := db.Exec(stmt); err != nil {

@@ -27,14 +27,10 @@ func TestNoCommitBehindTheClientsBack(t *testing.T) {
 	base, _ := startBinary(t, nil, []string{"-db", db, "-write-timeout", writeTimeout.String()}, nil)
 
 	other, err := sql.Open("sqlite3", db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer other.Close()
 	conn, err := other.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +82,7 @@ func TestNoCommitBehindTheClientsBack(t *testing.T) {
 		t.Fatalf("create after the lock was released: %d %v", status, err)
 	}
 	var stored int
-	if err := other.QueryRow("SELECT count(*) FROM pets").Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
+	must(t, other.QueryRow("SELECT count(*) FROM pets").Scan(&stored))
 	stored-- // the create after the lock
 	t.Logf("write lock held %s, write timeout %s: %d creates, %d answered 201, %d answered 503, %d stored, %d stored but not answered 201",
 		heldFor.Round(time.Millisecond), writeTimeout, creates, acked, creates-acked, stored, stored-acked)
@@ -105,30 +99,22 @@ func TestWALIsBounded(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	const limit = 64 << 20 // journal_size_limit
 	s, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer s.close()
 	walSize := func() int64 {
 		fi, err := os.Stat(path + "-wal")
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		return fi.Size()
 	}
 
 	reader, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer reader.Close()
 	conn, _ := reader.Conn(context.Background())
 	defer conn.Close()
 	var n int
 	conn.ExecContext(context.Background(), "BEGIN")
-	if err := conn.QueryRowContext(context.Background(), "SELECT count(*) FROM pets").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	must(t, conn.QueryRowContext(context.Background(), "SELECT count(*) FROM pets").Scan(&n))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -186,18 +172,14 @@ func TestOneRefusedCreateSparesItsBatch(t *testing.T) {
 	svc := startService(t, nil, "-db", path)
 	s, _ := svc.store, svc.log
 	other, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer other.Close()
 	if _, err := other.Exec(`CREATE TRIGGER refuse_some BEFORE INSERT ON pets WHEN NEW.name = 'Refused'
 		BEGIN SELECT RAISE(ABORT, 'no pet may be named Refused'); END`); err != nil {
 		t.Fatal(err)
 	}
 	lock, err := other.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer lock.Close()
 	if _, err := lock.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
 		t.Fatal(err)
@@ -272,19 +254,13 @@ func newTestBatchWriter(t *testing.T) (*batchWriter, *sql.DB) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "pets.db")
 	s, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	s.close()
 	db, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	t.Cleanup(func() { db.Close() })
 	w, err := newBatchWriter(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	t.Cleanup(w.close)
 	return w, db
 }
