@@ -62,14 +62,8 @@ func TestAuth(t *testing.T) {
 	}
 
 	t.Run("two Authorization headers", func(t *testing.T) {
-		req, _ := http.NewRequest("GET", svc.url+"/v1/pets", nil)
-		req.Header.Add("Authorization", "Bearer "+testKey)
-		req.Header.Add("Authorization", "Bearer "+testKey)
-		resp, err := http.DefaultClient.Do(req)
-		must(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 401, map[string]string{"WWW-Authenticate": challenge},
+		got := send(t, svc.url, call{method: "GET", path: "/v1/pets", extra: http.Header{"Authorization": {"Bearer " + testKey}}})
+		checkReply(t, got, 401, map[string]string{"WWW-Authenticate": challenge},
 			errBody(401, codeUnauthorized, "two or more Authorization headers were sent: send exactly one, Authorization: Bearer <key>"))
 	})
 

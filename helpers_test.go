@@ -72,6 +72,7 @@ func startService(t testing.TB, env map[string]string, args ...string) *testServ
 type call struct {
 	method, path, body string
 	header             map[string]string
+	extra              http.Header  // added after header, as a second value of a header, say
 	client             *http.Client // nil: http.DefaultClient
 }
 
@@ -109,6 +110,11 @@ func send(t testing.TB, base string, c call) reply {
 			req.Header.Del(k)
 		} else {
 			req.Header.Set(k, v)
+		}
+	}
+	for k, vs := range c.extra {
+		for _, v := range vs {
+			req.Header.Add(k, v)
 		}
 	}
 	client := http.DefaultClient
@@ -210,7 +216,12 @@ func walkCatalogue(t *testing.T, base string) []Pet {
 func walkFrom(t testing.TB, base, next string) []Pet {
 	t.Helper()
 	var all []Pet
+	walked := map[string]bool{}
 	for next != "" {
+		if walked[next] {
+			t.Fatalf("the next link %s came round again", next)
+		}
+		walked[next] = true
 		got := send(t, base, call{method: "GET", path: next})
 		var pets []Pet
 		if got.status != 200 || json.Unmarshal(got.body, &pets) != nil {
