@@ -295,6 +295,38 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// waitForHealth waits until /healthz answers status, and returns that
+// answer.
+func waitForHealth(t testing.TB, base string, status int) reply {
+	t.Helper()
+	var r reply
+	waitFor(t, patience, fmt.Sprintf("/healthz to answer %d", status), func() bool {
+		r = send(t, base, call{method: "GET", path: "/healthz"})
+		return r.status == status
+	})
+	return r
+}
+
+// holdWriteLock takes the database's write lock from a connection of its
+// own, as another process would, until release is called or the test
+// ends; other is that connection's pool, open until the test ends.
+func holdWriteLock(t testing.TB, path string) (other *sql.DB, release func()) {
+	t.Helper()
+	other, err := sql.Open("sqlite3", path)
+	must(t, err)
+	t.Cleanup(func() { other.Close() })
+	conn, err := other.Conn(context.Background())
+	must(t, err)
+	_, err = conn.ExecContext(context.Background(), "BEGIN IMMEDIATE")
+	must(t, err)
+	release = sync.OnceFunc(func() {
+		conn.ExecContext(context.Background(), "ROLLBACK")
+		conn.Close()
+	})
+	t.Cleanup(release)
+	return other, release
+}
+
 // waitForLog waits until log has count lines matching re, and shows the
 // log if it never does.
 func waitForLog(t testing.TB, log *syncBuffer, re string, count int) {
