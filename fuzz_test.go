@@ -194,14 +194,7 @@ func FuzzListPets(f *testing.F) {
 	}
 	svc := startService(f, nil)
 	for i := range 30 {
-		body := fmt.Sprintf(`{"name":"pet %d","categoryId":%d,"status":"%s"}`, i, i+1, petStatuses[i%3])
-		req, _ := http.NewRequest("POST", svc.url+"/v1/pets", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil || resp.StatusCode != 201 {
-			f.Fatalf("seeding: %v", err)
-		}
-		resp.Body.Close()
+		createPets(f, svc.url, fmt.Sprintf(`{"name":"pet %d","categoryId":%d,"status":"%s"}`, i, i+1, petStatuses[i%3]))
 	}
 
 	f.Fuzz(func(t *testing.T, query string) {

@@ -196,7 +196,7 @@ func errBody(status int, code, message string) string {
 
 // createPets stores pets through the API, and fails the test if one is
 // not answered 201.
-func createPets(t *testing.T, base string, bodies ...string) {
+func createPets(t testing.TB, base string, bodies ...string) {
 	t.Helper()
 	for _, b := range bodies {
 		if r := send(t, base, call{method: "POST", path: "/v1/pets", body: b}); r.status != http.StatusCreated {
@@ -241,14 +241,14 @@ func preloadPets(tb testing.TB, path string, n int) {
 	s, err := openStore(path, storeOptions{})
 	must(tb, err)
 	s.close()
-	db, err := sql.Open("sqlite3", path)
-	must(tb, err)
-	defer db.Close()
-	_, err = db.Exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-		INSERT INTO pets (name, category_id, status)
-		SELECT 'pet number ' || i, i % 50 + 1, CASE i % 3 WHEN 0 THEN 'available' WHEN 1 THEN 'pending' ELSE 'sold' END FROM n`, n)
-	must(tb, err)
+	sqlExec(tb, path, fmt.Sprintf(preloadSQL, n))
 }
+
+// preloadSQL inserts %d pets, with names, categories and statuses of
+// every kind, as docs/performance.md does.
+const preloadSQL = `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %d)
+	INSERT INTO pets (name, category_id, status)
+	SELECT 'pet number ' || i, i %% 50 + 1, CASE i %% 3 WHEN 0 THEN 'available' WHEN 1 THEN 'pending' ELSE 'sold' END FROM n`
 
 // syncBuffer is a bytes.Buffer safe for the service's logger and the test
 // to share. With a limit above zero it keeps only the first limit bytes
@@ -399,20 +399,15 @@ func goTool(t testing.TB, name, pkg, version string) string {
 	if path, err := exec.LookPath(name); err == nil {
 		return path
 	}
-	var dirs []string
-	if out, err := exec.Command("go", "env", "GOBIN", "GOPATH").Output(); err == nil {
-		gobin, gopath, _ := strings.Cut(strings.TrimRight(string(out), "\n"), "\n")
-		dirs = append(dirs, gobin)
-		for _, p := range filepath.SplitList(gopath) {
-			dirs = append(dirs, filepath.Join(p, "bin"))
-		}
+	out, _ := exec.Command("go", "env", "GOBIN", "GOPATH").Output()
+	gobin, gopath, _ := strings.Cut(strings.TrimRight(string(out), "\n"), "\n")
+	dirs := []string{gobin, filepath.Join(build.Default.GOPATH, "bin")}
+	for _, p := range filepath.SplitList(gopath) {
+		dirs = append(dirs, filepath.Join(p, "bin"))
 	}
-	for _, dir := range append(dirs, filepath.Join(build.Default.GOPATH, "bin")) {
-		if dir == "" {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+	for _, dir := range dirs {
+		// LookPath of a path with a slash: there, a file, executable.
+		if path, err := exec.LookPath(filepath.Join(dir, name)); dir != "" && err == nil {
 			return path
 		}
 	}
