@@ -76,7 +76,6 @@ func TestCertificateReloadOnSIGHUP(t *testing.T) {
 	}
 	// Clients that trust either certificate go on through the swap, some
 	// on kept-alive connections, some with a handshake per request.
-	var failed atomic.Int64
 	var calls atomic.Int64
 	anyCert := &tls.Config{InsecureSkipVerify: true}
 	loopers := []*http.Client{
@@ -87,7 +86,6 @@ func TestCertificateReloadOnSIGHUP(t *testing.T) {
 	stop := inLoops(t, 4, func() {
 		calls.Add(1)
 		if err := get(loopers[next.Add(1)%2]); err != nil {
-			failed.Add(1)
 			t.Errorf("a request during the reload: %v", err)
 		}
 	})
@@ -113,10 +111,7 @@ func TestCertificateReloadOnSIGHUP(t *testing.T) {
 	if err := get(trusting(poolB)); err != nil {
 		t.Errorf("after a broken pair: %v", err)
 	}
-	stop()
-	if failed.Load() != 0 {
-		t.Errorf("%d of %d requests failed through the reloads", failed.Load(), calls.Load())
-	}
+	stop() // each request that failed is an error above
 
 	// 100 bare connects and 100 TLS 1.0 hellos: a line or two, not 200.
 	addr := strings.TrimPrefix(base, "https://")

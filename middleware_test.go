@@ -56,22 +56,21 @@ func TestAccessLog(t *testing.T) {
 	svc.stop()
 
 	type accessLine struct {
-		Level, Msg, Method, Path, RequestID, KeyID string
-		Status, Bytes                              int
-		Duration                                   int64
+		Level, Msg, Method, Path string
+		RequestID                string `json:"request_id"`
+		KeyID                    string `json:"key_id"`
+		Status, Bytes            int
+		Duration                 int64
 	}
 	var lines []accessLine
-	for _, l := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line is not JSON: %q", l)
+	for _, text := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var l accessLine
+		if err := json.Unmarshal([]byte(text), &l); err != nil {
+			t.Fatalf("log line is not JSON: %q", text)
 		}
-		if m["msg"] != "request" {
-			continue
+		if l.Msg == "request" {
+			lines = append(lines, l)
 		}
-		lines = append(lines, accessLine{Level: m["level"].(string), Msg: "request", Method: m["method"].(string), Path: m["path"].(string),
-			RequestID: m["request_id"].(string), KeyID: m["key_id"].(string), Status: int(m["status"].(float64)), Bytes: int(m["bytes"].(float64)),
-			Duration: int64(m["duration"].(float64))})
 	}
 	if len(lines) != 4 {
 		t.Fatalf("%d access lines, want 4:\n%s", len(lines), stderr.String())

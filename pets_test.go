@@ -424,12 +424,7 @@ func TestIdempotencyKey(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("same")})
-				err := r.err
-				if err != nil {
-					t.Error(err)
-				}
-				replies[i] = r
+				replies[i] = send(t, svc.url, call{method: "POST", path: "/v1/pets", body: rex, header: withKey("same")})
 			}()
 		}
 		wg.Wait()

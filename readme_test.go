@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,8 +13,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/google/go-cmp/cmp"
 )
 
 // documents are the project's documents, in the order their examples
@@ -201,16 +198,7 @@ func TestREADMEExamples(t *testing.T) {
 // checkSameJSON compares two JSON texts as values, numbers exact.
 func checkSameJSON(t *testing.T, where, want, got string) {
 	t.Helper()
-	decode := func(s string) any {
-		dec := json.NewDecoder(strings.NewReader(s))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			t.Errorf("%s: not JSON: %v: %q", where, err, s)
-		}
-		return v
-	}
-	if diff := cmp.Diff(decode(want), decode(got)); diff != "" {
+	if diff := diffJSON([]byte(want), []byte(got)); diff != "" {
 		t.Errorf("%s: body differs from the README (-README +service):\n%s", where, diff)
 	}
 }
