@@ -196,22 +196,6 @@ func FuzzAppendPetJSON(f *testing.F) {
 	})
 }
 
-// TestDecodeNewPet: bodies as clients write them, spaces, escapes and
-// the largest categoryId included, decode to the pet they describe.
-func TestDecodeNewPet(t *testing.T) {
-	for body, want := range map[string]NewPet{
-		`{"name":"Rex","categoryId":1}`: {Name: "Rex", CategoryID: 1, Status: "available"},
-		" {\n\t\"status\" : \"sold\" , \"categoryId\":9223372036854775807,\"name\":\"日本 🐕\"}\r\n": {Name: "日本 🐕", CategoryID: 9223372036854775807, Status: "sold"},
-		`{"name":"R\u0065x","categoryId":1}`:      {Name: "Rex", CategoryID: 1, Status: "available"},
-		`{"name":"\ufffd\uFFFD�","categoryId":1}`: {Name: "���", CategoryID: 1, Status: "available"},
-	} {
-		got, err := decodeNewPet([]byte(body))
-		if err != nil || got != want {
-			t.Errorf("%s: decodeNewPet = %+v, %v; want %+v", body, got, err, want)
-		}
-	}
-}
-
 // TestOversizedBodiesAnsweredWithoutWaiting: a body announced over the
 // limit that waits for 100 Continue, or is announced larger than the
 // service drains, is answered 413 at once, unread; one that stalls while
@@ -242,28 +226,5 @@ func TestOversizedBodiesAnsweredWithoutWaiting(t *testing.T) {
 			checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 413, nil,
 				errBody(413, codeBodyTooLarge, "request body is larger than 16384 bytes (16 KiB); a pet's body is well under 2 KB"))
 		})
-	}
-}
-
-// TestLoneSurrogates: a \u escape of half a surrogate pair is told from
-// a U+FFFD the client sent, as itself or escaped.
-func TestLoneSurrogates(t *testing.T) {
-	for raw, want := range map[string]bool{
-		`"Dog \ud83d\udc36"`:   false, // a pair: U+1F436
-		`"\\ud800"`:            false, // an escaped backslash, then "ud800"
-		`"\u00e9\n\"\\"`:       false,
-		`"\ufffd \uFFFD �"`:    false,
-		`"\ud800"`:             true,
-		`"\uDBFF\uDBFF"`:       true,
-		`"\udc36"`:             true,
-		`"a\\\ud800"`:          true,
-		`"\ud83d\udc36\udc36"`: true,
-		`"\\ufffd\ud800"`:      true, // text "\ufffd", then a lone half
-	} {
-		var name string
-		must(t, json.Unmarshal([]byte(raw), &name))
-		if got := loneSurrogates([]byte(raw), name); got != want {
-			t.Errorf("loneSurrogates(%s) = %v, want %v", raw, got, want)
-		}
 	}
 }

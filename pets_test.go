@@ -43,6 +43,16 @@ func TestCreatePet(t *testing.T) {
 			`{"id":1,"name":"Rex","categoryId":1,"status":"available"}`},
 		{"body of exactly 16 KiB", padTo(`{"name":"Rex","categoryId":1}`, maxBodyBytes), nil,
 			`{"id":1,"name":"Rex","categoryId":1,"status":"available"}`},
+		{"an escaped letter", `{"name":"R\u0065x","categoryId":1}`, nil,
+			`{"id":1,"name":"Rex","categoryId":1,"status":"available"}`},
+		{"U+FFFD sent, escaped and not", `{"name":"\ufffd\uFFFD�","categoryId":1}`, nil,
+			`{"id":1,"name":"���","categoryId":1,"status":"available"}`},
+		{"a surrogate pair", `{"name":"Dog \ud83d\udc36","categoryId":1}`, nil,
+			`{"id":1,"name":"Dog 🐶","categoryId":1,"status":"available"}`},
+		{"an escaped backslash before ud800", `{"name":"\\ud800","categoryId":1}`, nil,
+			`{"id":1,"name":"\\ud800","categoryId":1,"status":"available"}`},
+		{"escapes of a quote and a backslash", `{"name":"\u00e9\"\\","categoryId":1}`, nil,
+			`{"id":1,"name":"é\"\\","categoryId":1,"status":"available"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,6 +123,10 @@ func TestCreatePetRejects(t *testing.T) {
 		{"name with a lone high surrogate", `{"name":"Rex\ud800","categoryId":1}`, nil, 400, bad(`name must not contain a \u escape of half a UTF-16 surrogate pair (such as \ud800 alone): it is not a character`)},
 		{"name with a lone low surrogate", `{"name":"\udc36Rex","categoryId":1}`, nil, 400, bad(`name must not contain a \u escape of half a UTF-16 surrogate pair (such as \ud800 alone): it is not a character`)},
 		{"name with a high surrogate before a letter", `{"name":"\ud83d\u0041","categoryId":1}`, nil, 400, bad(`name must not contain a \u escape of half a UTF-16 surrogate pair (such as \ud800 alone): it is not a character`)},
+		{"name with two high surrogates", `{"name":"\uDBFF\uDBFF","categoryId":1}`, nil, 400, bad(`name must not contain a \u escape of half a UTF-16 surrogate pair (such as \ud800 alone): it is not a character`)},
+		{"name with a lone half after an escaped backslash", `{"name":"a\\\ud800","categoryId":1}`, nil, 400, bad(`name must not contain a \u escape of half a UTF-16 surrogate pair (such as \ud800 alone): it is not a character`)},
+		{"name with a pair and a lone low surrogate", `{"name":"\ud83d\udc36\udc36","categoryId":1}`, nil, 400, bad(`name must not contain a \u escape of half a UTF-16 surrogate pair (such as \ud800 alone): it is not a character`)},
+		{"name with text ufffd, then a lone half", `{"name":"\\ufffd\ud800","categoryId":1}`, nil, 400, bad(`name must not contain a \u escape of half a UTF-16 surrogate pair (such as \ud800 alone): it is not a character`)},
 		{"categoryId as string", `{"name":"Rex","categoryId":"1"}`, nil, 400, bad(catRange + ", not a string")},
 		{"categoryId fraction", `{"name":"Rex","categoryId":1.5}`, nil, 400, bad(catRange + `, got "1.5"`)},
 		{"categoryId 1.0", `{"name":"Rex","categoryId":1.0}`, nil, 400, bad(catRange + `, got "1.0"`)},
