@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -173,37 +171,4 @@ func FuzzAppendPetJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id int64, name string, categoryID int64, status string) {
 		checkPetEncoding(t, Pet{ID: id, Name: name, CategoryID: categoryID, Status: status})
 	})
-}
-
-// TestOversizedBodiesAnsweredWithoutWaiting: a body announced over the
-// limit that waits for 100 Continue, or is announced larger than the
-// service drains, is answered 413 at once, unread; one that stalls while
-// it is drained is answered when the drain's time runs out, not never.
-func TestOversizedBodiesAnsweredWithoutWaiting(t *testing.T) {
-	// A create deadline of about a second, as a write timeout of 1.25 s
-	// gives.
-	svc := startService(t, nil, "-write-timeout", "1250ms")
-	for _, tt := range []struct {
-		name, headers, sent string
-	}{
-		{"waits for 100 Continue", "Content-Length: 10000000\r\nExpect: 100-continue\r\n", ""},
-		{"announced larger than the drain", "Content-Length: 10000000\r\n", strings.Repeat("x", 1024)},
-		{"stalls while drained", "Content-Length: 1048576\r\n", strings.Repeat("x", 1024)},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", strings.TrimPrefix(svc.url, "http://"))
-			must(t, err)
-			defer conn.Close()
-			fmt.Fprintf(conn, "POST /v1/pets HTTP/1.1\r\nHost: petstore\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n%s\r\n%s", testKey, tt.headers, tt.sent)
-			conn.SetReadDeadline(time.Now().Add(patience))
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-			if err != nil {
-				t.Fatalf("no answer while the body was not sent: %v", err)
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 413, nil,
-				errBody(413, codeBodyTooLarge, "request body is larger than 16384 bytes (16 KiB); a pet's body is well under 2 KB"))
-		})
-	}
 }

@@ -169,37 +169,52 @@ func TestCreatePetRejects(t *testing.T) {
 	}
 }
 
-// TestChunkedBodiesRefused: a request whose body comes chunked, with a
-// Content-Length beside it or not, gets one 411 and its connection is
-// closed: a request smuggled behind it gets no answer, and nothing is
-// stored.
-func TestChunkedBodiesRefused(t *testing.T) {
-	svc := startService(t, nil)
+// TestRawBodies sends bodies as no client library would. One that comes
+// chunked, with a Content-Length beside it or not, gets one 411 and its
+// connection is closed: a request smuggled behind it gets no answer. One
+// announced over the limit that waits for 100 Continue, or is announced
+// larger than the service drains, is answered 413 at once, unread; one
+// that stalls while it is drained is answered when the drain's time runs
+// out, not never. Nothing is stored.
+func TestRawBodies(t *testing.T) {
+	// A create deadline of about a second, as a write timeout of 1.25 s
+	// gives.
+	svc := startService(t, nil, "-write-timeout", "1250ms")
 	smuggled := "GET /v1/pets/1 HTTP/1.1\r\nHost: petstore\r\nAuthorization: Bearer " + testKey + "\r\n\r\n"
-	for name, framing := range map[string]string{
-		"chunked and Content-Length": "Transfer-Encoding: chunked\r\nContent-Length: 35\r\n",
-		"chunked":                    "Transfer-Encoding: chunked\r\n",
+	chunked := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n%s", len(newPetBody), newPetBody, smuggled)
+	lengthRequired := errBody(411, codeLengthRequired, "send the request body with a Content-Length header, not Transfer-Encoding: chunked")
+	tooLarge := errBody(413, codeBodyTooLarge, "request body is larger than 16384 bytes (16 KiB); a pet's body is well under 2 KB")
+	for _, tt := range []struct {
+		name, headers, sent string
+		status              int
+		want                string
+	}{
+		{"chunked and Content-Length", "Transfer-Encoding: chunked\r\nContent-Length: 35\r\n", chunked, 411, lengthRequired},
+		{"chunked", "Transfer-Encoding: chunked\r\n", chunked, 411, lengthRequired},
+		{"waits for 100 Continue", "Content-Length: 10000000\r\nExpect: 100-continue\r\n", "", 413, tooLarge},
+		{"announced larger than the drain", "Content-Length: 10000000\r\n", strings.Repeat("x", 1024), 413, tooLarge},
+		{"stalls while drained", "Content-Length: 1048576\r\n", strings.Repeat("x", 1024), 413, tooLarge},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(tt.name, func(t *testing.T) {
 			conn, err := net.Dial("tcp", strings.TrimPrefix(svc.url, "http://"))
 			must(t, err)
 			defer conn.Close()
-			body := `{"name":"Rex","categoryId":1}`
-			fmt.Fprintf(conn, "POST /v1/pets HTTP/1.1\r\nHost: petstore\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n%s",
-				testKey, framing, len(body), body, smuggled)
+			fmt.Fprintf(conn, "POST /v1/pets HTTP/1.1\r\nHost: petstore\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n%s\r\n%s", testKey, tt.headers, tt.sent)
 			conn.SetReadDeadline(time.Now().Add(patience))
-			all, err := io.ReadAll(conn) // to EOF: the service closes
-			if err != nil {
-				t.Fatalf("the connection stayed open: %v; read %q", err, all)
-			}
-			r := bufio.NewReader(bytes.NewReader(all))
+			r := bufio.NewReader(conn)
 			resp, err := http.ReadResponse(r, nil)
-			must(t, err)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
 			b, _ := io.ReadAll(resp.Body)
-			checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 411, nil,
-				errBody(411, codeLengthRequired, "send the request body with a Content-Length header, not Transfer-Encoding: chunked"))
-			if rest, _ := io.ReadAll(r); len(rest) > 0 {
-				t.Errorf("the smuggled request was answered: %q", rest)
+			checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, tt.status, nil, tt.want)
+			if tt.status != 411 {
+				return
+			}
+			// The service closes the connection (no deadline passes), and
+			// the smuggled request is not answered.
+			if rest, err := io.ReadAll(r); err != nil || len(rest) > 0 {
+				t.Errorf("after the 411: %v, read %q", err, rest)
 			}
 		})
 	}
