@@ -38,7 +38,8 @@ import (
 // is still there after a restart.
 func TestRun(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "run.db")
-	env := map[string]string{"PETSTORE_API_KEYS": " first-key-0123456789ab , " + testKey + " ,", "PETSTORE_DB": db}
+	// Keys are trimmed, and empty entries skipped.
+	env := map[string]string{"PETSTORE_API_KEYS": " first-key-0123456789ab ,, " + testKey + " ,", "PETSTORE_DB": db}
 	svc := startService(t, env, "-db", db)
 	base, stderr := svc.url, svc.log
 
@@ -58,19 +59,21 @@ func TestRun(t *testing.T) {
 }
 
 // TestRunGeneratesKey: with no key configured the first start works at
-// once with a printed key.
+// once with a printed key (PETSTORE_API_KEYS empty, or only separators).
 func TestRunGeneratesKey(t *testing.T) {
-	svc := startService(t, map[string]string{"PETSTORE_API_KEYS": ""})
-	base, stderr := svc.url, svc.log
-	m := regexp.MustCompile(`changes on every start:\n\n    (\S+)\n`).FindStringSubmatch(stderr.String())
-	if m == nil {
-		t.Fatalf("no generated key on stderr:\n%s", stderr.String())
+	for _, keys := range []string{"", " , ,"} {
+		svc := startService(t, map[string]string{"PETSTORE_API_KEYS": keys})
+		base, stderr := svc.url, svc.log
+		m := regexp.MustCompile(`changes on every start:\n\n    (\S+)\n`).FindStringSubmatch(stderr.String())
+		if m == nil {
+			t.Fatalf("no generated key on stderr:\n%s", stderr.String())
+		}
+		if len(m[1]) < 22 { // 128 bits of base64
+			t.Errorf("generated key %d characters, want at least 22", len(m[1]))
+		}
+		checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer " + m[1]}}), 200, nil, `[]`)
+		checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer " + "guess"}}), 401, nil, errBody(401, codeUnauthorized, "invalid API key"))
 	}
-	if len(m[1]) < 22 { // 128 bits of base64
-		t.Errorf("generated key %d characters, want at least 22", len(m[1]))
-	}
-	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer " + m[1]}}), 200, nil, `[]`)
-	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer " + "guess"}}), 401, nil, errBody(401, codeUnauthorized, "invalid API key"))
 }
 
 func TestRunFailures(t *testing.T) {
@@ -108,6 +111,9 @@ func TestRunFailures(t *testing.T) {
 		{"a host for an address", nil, map[string]string{"PETSTORE_ADDR": "localhost"}, `-addr (PETSTORE_ADDR) must be host:port, got "localhost": such as 127.0.0.1:8080, or :8080 for every interface`},
 		{"bad key list", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "a b"}, "PETSTORE_API_KEYS: API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
 		{"one-character key", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "a"}, "PETSTORE_API_KEYS: API key number 1 is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
+		{"a bad second key", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "good-key-0123456789ab, bad key"}, "PETSTORE_API_KEYS: API key number 2 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
+		{"a key not in ASCII", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "ключ"}, "PETSTORE_API_KEYS: API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
+		{"a short second key", []string{"-addr", "127.0.0.1:0"}, map[string]string{"PETSTORE_API_KEYS": "key-one-0123456789ab,a"}, "PETSTORE_API_KEYS: API key number 2 is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
 		{"stray argument", []string{"serve"}, env, `unexpected argument "serve" (commands: backup, restore, keygen)`},
 		{"bad log format", []string{"-log-format", "xml"}, env, `-log-format (PETSTORE_LOG_FORMAT) must be text or json, got "xml"`},
 		{"bad log level", []string{"-log-level", "loud"}, env, `-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got "loud"`},
