@@ -674,7 +674,7 @@ func (s *creates) acked() map[int64]Pet {
 
 // checkStored holds the pets stored against the stream: every pet
 // answered 201 is there, unchanged, and every pet there was sent by the
-// stream; a create without an answer may be there or not. It returns how
+// stream, once; a create without an answer may be there or not. It returns how
 // many creates were answered 201, how many were refused, and how many of
 // those refused are stored all the same: after some faults (an I/O error
 // on a commit) that may be, after others it must not.
@@ -682,6 +682,9 @@ func checkStored(t testing.TB, stored []Pet, s *creates) (acked, refused, refuse
 	t.Helper()
 	byName := map[string]Pet{}
 	for _, p := range stored {
+		if _, twice := byName[p.Name]; twice {
+			t.Errorf("%s is stored twice", p.Name)
+		}
 		byName[p.Name] = p
 	}
 	for _, c := range s.answers() {

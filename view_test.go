@@ -263,10 +263,8 @@ func TestCatalogueWentBack(t *testing.T) {
 	}
 	t.Logf("%d creates acknowledged to the clients around the restore, 0 ids twice", len(acked))
 
-	got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Late","categoryId":1}`})
-	checkReply(t, got, 503, map[string]string{"Retry-After": "60"}, want)
-	got = send(t, svc.url, call{method: "GET", path: "/healthz"})
-	checkReply(t, got, 503, map[string]string{"Retry-After": "60"}, want)
+	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"Late","categoryId":1}`}), 503, map[string]string{"Retry-After": "60"}, want)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, want)
 	checkLines(t, logs, `level=ERROR msg="the database file went back`, 1)
 	missing := regexp.MustCompile(`missing_pets=(\d+) missing_ids=6-(\d+) file_top_id=5 `).FindStringSubmatch(logs.String())
 	if missing == nil {
