@@ -57,6 +57,17 @@ func checkClientRun(t *testing.T, out []byte, extra string) {
 	}
 }
 
+// copyTestdata copies the files names of testdata/from into dir; a
+// name.go.txt (Go source kept out of this package's build) becomes name.go.
+func copyTestdata(t *testing.T, dir, from string, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		b, err := os.ReadFile(filepath.Join("testdata", from, name))
+		must(t, err)
+		must(t, os.WriteFile(filepath.Join(dir, strings.TrimSuffix(name, ".txt")), b, 0o644))
+	}
+}
+
 // command runs name in dir and returns what it printed on stdout and on
 // stderr; it fails the test with both if the command fails.
 func command(t *testing.T, dir string, env []string, name string, args ...string) (stdout, stderr []byte) {
@@ -103,11 +114,7 @@ func TestGeneratedTypeScriptClient(t *testing.T) {
 	node := needTool(t, "node", "apt-get install nodejs")
 	npm := needTool(t, "npm", "apt-get install npm")
 	dir := t.TempDir()
-	for _, name := range []string{"package.json", "tsconfig.json", "client.ts"} {
-		b, err := os.ReadFile(filepath.Join("testdata", "tsclient", name))
-		must(t, err)
-		os.WriteFile(filepath.Join(dir, name), b, 0o644)
-	}
+	copyTestdata(t, dir, "tsclient", "package.json", "tsconfig.json", "client.ts")
 	base := servedDocument(t, dir)
 	onlineCommand(t, "the npm registry", dir, nil, npm, "install", "--no-audit", "--no-fund", "--loglevel=error")
 	genOut, genErr := command(t, dir, nil, node, "node_modules/openapi-typescript/bin/cli.js", "openapi.json", "-o", "api.d.ts")
@@ -131,9 +138,7 @@ func TestGeneratedGoClient(t *testing.T) {
 	goBin := needTool(t, "go", "https://go.dev/doc/install")
 	dir := t.TempDir()
 	base := servedDocument(t, dir)
-	program, err := os.ReadFile(filepath.Join("testdata", "goclient", "main.go.txt"))
-	must(t, err)
-	os.WriteFile(filepath.Join(dir, "main.go"), program, 0o644)
+	copyTestdata(t, dir, "goclient", "main.go.txt")
 	os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module petstoreclient\n\ngo 1.24\n"), 0o644)
 	genOut, genErr := command(t, dir, nil, codegen, "-generate", "types,client", "-package", "main", "-o", "client.gen.go", "openapi.json")
 	if len(strings.TrimSpace(string(genOut)+string(genErr))) > 0 {
@@ -204,9 +209,7 @@ func TestBrowserBackOffice(t *testing.T) {
 	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets?limit=100"}), 200, nil,
 		`[`+rex+`,{"id":2,"name":"Tom","categoryId":2,"status":"sold"},{"id":3,"name":"Kit","categoryId":2,"status":"sold"},{"id":4,"name":"Max","categoryId":2,"status":"sold"}]`)
 	waitForLog(t, logs, `level=WARN msg="browser origin refused: [^"]*" origin=`+regexp.QuoteMeta(elsewhere.URL)+` method=OPTIONS path=/v1/pets`, 1)
-	if n := strings.Count(logs.String(), "browser origin refused"); n != 1 {
-		t.Errorf("%d refused-origin lines, want 1 (one origin, the allowed one never):\n%s", n, logs)
-	}
+	checkLines(t, logs, "browser origin refused", 1) // one origin; the allowed one never
 }
 
 // backOfficeResults carry the page's configuration to its origin, and what
@@ -286,11 +289,7 @@ func TestOpenAPITools(t *testing.T) {
 	npm := needTool(t, "npm", "apt-get install npm")
 	goBin := needTool(t, "go", "https://go.dev/doc/install")
 	dir := t.TempDir()
-	for _, name := range []string{"package.json", "tsconfig.json", "orval.config.cjs", "orval.ts", "hey.ts"} {
-		b, err := os.ReadFile(filepath.Join("testdata", "tools", name))
-		must(t, err)
-		must(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
-	}
+	copyTestdata(t, dir, "tools", "package.json", "tsconfig.json", "orval.config.cjs", "orval.ts", "hey.ts")
 	servedDocument(t, dir)
 	onlineCommand(t, "the npm registry", dir, nil, npm, "install", "--no-audit", "--no-fund", "--loglevel=error")
 
@@ -430,9 +429,7 @@ type kinProxy struct {
 func startKinProxy(t *testing.T, goBin, document, upstream string) kinProxy {
 	t.Helper()
 	dir := t.TempDir()
-	src, err := os.ReadFile(filepath.Join("testdata", "kinproxy", "main.go.txt"))
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(dir, "main.go"), src, 0o644))
+	copyTestdata(t, dir, "kinproxy", "main.go.txt")
 	env := []string{"GOFLAGS="}
 	command(t, dir, env, goBin, "mod", "init", "kinproxy")
 	onlineCommand(t, "the Go module proxy", dir, env, goBin, "get", "github.com/getkin/kin-openapi@"+kinOpenAPIVersion)
