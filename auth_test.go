@@ -79,9 +79,8 @@ func TestAuth(t *testing.T) {
 		{method: "GET", path: "/v1"},
 	} {
 		t.Run("no key "+c.method+" "+c.path, func(t *testing.T) {
-			c.header = map[string]string{"Authorization": ""}
-			got := send(t, svc.url, c)
-			checkReply(t, got, 401, map[string]string{"WWW-Authenticate": challenge}, errBody(401, codeUnauthorized, missing))
+			c.header = noKey
+			checkReply(t, send(t, svc.url, c), 401, map[string]string{"WWW-Authenticate": challenge}, errBody(401, codeUnauthorized, missing))
 		})
 	}
 	// Nothing was created without a key.

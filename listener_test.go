@@ -129,11 +129,7 @@ func TestCertificateReloadOnSIGHUP(t *testing.T) {
 	}
 	// The service's log keeps order: once a later request's access line is
 	// in, so is every handshake line before it.
-	marked, _ := http.NewRequest("GET", base+"/healthz", nil)
-	marked.Header.Set("X-Request-Id", "after-the-handshakes")
-	resp, err := trusting(poolB).Do(marked)
-	must(t, err)
-	resp.Body.Close()
+	send(t, base, call{method: "GET", path: "/healthz", header: map[string]string{"X-Request-Id": "after-the-handshakes"}, client: trusting(poolB)})
 	waitForLog(t, logs, `msg=request [^\n]*request_id=after-the-handshakes`, 1)
 	if n := countLines(logs, `level=WARN msg="http server: http: TLS handshake error from CLIENT`); n < 1 || n > 4 {
 		t.Errorf("%d lines for 200 failed handshakes, want 1 to 4:\n%s", n, logs)
