@@ -62,14 +62,8 @@ func TestAuth(t *testing.T) {
 	}
 
 	t.Run("two Authorization headers", func(t *testing.T) {
-		req, _ := http.NewRequest("GET", svc.url+"/v1/pets", nil)
-		req.Header.Add("Authorization", "Bearer "+testKey)
-		req.Header.Add("Authorization", "Bearer "+testKey)
-		resp, err := http.DefaultClient.Do(req)
-		must(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 401, map[string]string{"WWW-Authenticate": challenge},
+		got := send(t, svc.url, call{method: "GET", path: "/v1/pets", extra: http.Header{"Authorization": {"Bearer " + testKey}}})
+		checkReply(t, got, 401, map[string]string{"WWW-Authenticate": challenge},
 			errBody(401, codeUnauthorized, "two or more Authorization headers were sent: send exactly one, Authorization: Bearer <key>"))
 	})
 
@@ -85,55 +79,12 @@ func TestAuth(t *testing.T) {
 		{method: "GET", path: "/v1"},
 	} {
 		t.Run("no key "+c.method+" "+c.path, func(t *testing.T) {
-			c.header = map[string]string{"Authorization": ""}
-			got := send(t, svc.url, c)
-			checkReply(t, got, 401, map[string]string{"WWW-Authenticate": challenge}, errBody(401, codeUnauthorized, missing))
+			c.header = noKey
+			checkReply(t, send(t, svc.url, c), 401, map[string]string{"WWW-Authenticate": challenge}, errBody(401, codeUnauthorized, missing))
 		})
 	}
 	// Nothing was created without a key.
 	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets"}), 200, nil, `[]`)
-}
-
-func TestParseAPIKeys(t *testing.T) {
-	tests := []struct {
-		list    string
-		want    []string
-		wantErr string
-	}{
-		{"", nil, ""},
-		{" , ,", nil, ""},
-		{"key-one-0123456789ab", []string{"key-one-0123456789ab"}, ""},
-		{" key-one-0123456789ab , key-two-0123456789ab ,, key-three-0123456789a ", []string{"key-one-0123456789ab", "key-two-0123456789ab", "key-three-0123456789a"}, ""},
-		{"good-key-0123456789ab, bad key", nil, "API key number 2 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
-		{"ключ", nil, "API key number 1 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
-		{"key-one-0123456789ab,a", nil, "API key number 2 is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
-		{"s3cret-key", nil, "API key number 1 is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
-	}
-	for _, tt := range tests {
-		got, err := parseAPIKeys(tt.list)
-		if tt.wantErr != "" {
-			if err == nil || err.Error() != tt.wantErr {
-				t.Errorf("parseAPIKeys(%q) error = %v, want %q", tt.list, err, tt.wantErr)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("parseAPIKeys(%q): %v", tt.list, err)
-			continue
-		}
-		ring := newKeyRing(got)
-		for _, k := range tt.want {
-			if !ring.acceptsDigest(keyDigest(sha256.Sum256([]byte(k)))) {
-				t.Errorf("parseAPIKeys(%q) does not accept %q", tt.list, k)
-			}
-		}
-		if len(got) != len(tt.want) {
-			t.Errorf("parseAPIKeys(%q) has %d keys, want %d", tt.list, len(got), len(tt.want))
-		}
-		if ring.acceptsDigest(sha256.Sum256(nil)) || ring.acceptsDigest(sha256.Sum256([]byte(" key-one-0123456789ab"))) {
-			t.Errorf("parseAPIKeys(%q) accepts a key it should not", tt.list)
-		}
-	}
 }
 
 func TestKeysFile(t *testing.T) {
@@ -177,9 +128,7 @@ func TestKeysFile(t *testing.T) {
 
 func TestKeygen(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"petstore", "keygen"}, func(string) string { return "" }, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	must(t, run(context.Background(), []string{"petstore", "keygen"}, func(string) string { return "" }, &out, io.Discard))
 	m := regexp.MustCompile(`^key: ([A-Za-z0-9_-]{43})\nkeys-file line: sha256:([0-9a-f]{64})\n$`).FindStringSubmatch(out.String())
 	if m == nil {
 		t.Fatalf("keygen output %q", out.String())
@@ -193,17 +142,13 @@ func TestKeysFileReloadOnSIGHUP(t *testing.T) {
 	dir := t.TempDir()
 	keysFile := filepath.Join(dir, "keys")
 	write := func(content string) {
-		if err := os.WriteFile(keysFile, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.WriteFile(keysFile, []byte(content), 0o600))
 	}
 	write("old-key-0123456789abcdef\nsha256:" + hexDigest("new-key-0123456789abcdef") + "\n")
 	svc := startService(t, map[string]string{"PETSTORE_API_KEYS": "", "PETSTORE_API_KEYS_FILE": keysFile})
 	base, stderr := svc.url, svc.log
 	hup := func() {
-		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
-			t.Fatal(err)
-		}
+		must(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
 	}
 	ok := func(key string) {
 		checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer " + key}}), 200, nil, `[]`)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"database/sql"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -47,12 +45,7 @@ func BenchmarkLoad(b *testing.B) {
 	_, first := startBinary(b, nil, []string{"-db", db}, nil)
 	first.Process.Signal(os.Interrupt)
 	first.Wait()
-	fill, err := sql.Open("sqlite3", db)
-	must(b, err)
-	_, err = fill.Exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-		INSERT INTO pets (name, category_id, status)
-		SELECT 'pet number ' || i, i % 50 + 1, CASE i % 3 WHEN 0 THEN 'available' WHEN 1 THEN 'pending' ELSE 'sold' END FROM n`, pets)
-	must(b, errors.Join(err, fill.Close()))
+	sqlExec(b, db, fmt.Sprintf(preloadSQL, pets))
 	logs := &syncBuffer{limit: 64 << 10}
 	base, _ := startBinary(b, nil, []string{"-db", db}, logs)
 	waitForLog(b, logs, "in-memory view loaded", 1)

@@ -1,10 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -41,15 +42,8 @@ const wantClientRun = `{"created":{"id":1,"name":"Rex","categoryId":1,"status":"
 func servedDocument(t *testing.T, dir string) (base string) {
 	t.Helper()
 	base = startService(t, nil).url
-	resp, err := http.Get(base + "/openapi.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	doc, _ := io.ReadAll(resp.Body)
-	if err := os.WriteFile(filepath.Join(dir, "openapi.json"), doc, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	doc := send(t, base, call{method: "GET", path: "/openapi.json", header: noKey})
+	must(t, errors.Join(doc.err, os.WriteFile(filepath.Join(dir, "openapi.json"), doc.body, 0o644)))
 	return base
 }
 
@@ -60,6 +54,17 @@ func checkClientRun(t *testing.T, out []byte, extra string) {
 	want := strings.TrimSuffix(wantClientRun, "}") + "," + extra + "}"
 	if diff := diffJSON([]byte(want), out); diff != "" {
 		t.Errorf("the client program printed (-want +got):\n%s", diff)
+	}
+}
+
+// copyTestdata copies the files names of testdata/from into dir; a
+// name.go.txt (Go source kept out of this package's build) becomes name.go.
+func copyTestdata(t *testing.T, dir, from string, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		b, err := os.ReadFile(filepath.Join("testdata", from, name))
+		must(t, err)
+		must(t, os.WriteFile(filepath.Join(dir, strings.TrimSuffix(name, ".txt")), b, 0o644))
 	}
 }
 
@@ -109,13 +114,7 @@ func TestGeneratedTypeScriptClient(t *testing.T) {
 	node := needTool(t, "node", "apt-get install nodejs")
 	npm := needTool(t, "npm", "apt-get install npm")
 	dir := t.TempDir()
-	for _, name := range []string{"package.json", "tsconfig.json", "client.ts"} {
-		b, err := os.ReadFile(filepath.Join("testdata", "tsclient", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		os.WriteFile(filepath.Join(dir, name), b, 0o644)
-	}
+	copyTestdata(t, dir, "tsclient", "package.json", "tsconfig.json", "client.ts")
 	base := servedDocument(t, dir)
 	onlineCommand(t, "the npm registry", dir, nil, npm, "install", "--no-audit", "--no-fund", "--loglevel=error")
 	genOut, genErr := command(t, dir, nil, node, "node_modules/openapi-typescript/bin/cli.js", "openapi.json", "-o", "api.d.ts")
@@ -139,11 +138,7 @@ func TestGeneratedGoClient(t *testing.T) {
 	goBin := needTool(t, "go", "https://go.dev/doc/install")
 	dir := t.TempDir()
 	base := servedDocument(t, dir)
-	program, err := os.ReadFile(filepath.Join("testdata", "goclient", "main.go.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "main.go"), program, 0o644)
+	copyTestdata(t, dir, "goclient", "main.go.txt")
 	os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module petstoreclient\n\ngo 1.24\n"), 0o644)
 	genOut, genErr := command(t, dir, nil, codegen, "-generate", "types,client", "-package", "main", "-o", "client.gen.go", "openapi.json")
 	if len(strings.TrimSpace(string(genOut)+string(genErr))) > 0 {
@@ -214,9 +209,7 @@ func TestBrowserBackOffice(t *testing.T) {
 	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets?limit=100"}), 200, nil,
 		`[`+rex+`,{"id":2,"name":"Tom","categoryId":2,"status":"sold"},{"id":3,"name":"Kit","categoryId":2,"status":"sold"},{"id":4,"name":"Max","categoryId":2,"status":"sold"}]`)
 	waitForLog(t, logs, `level=WARN msg="browser origin refused: [^"]*" origin=`+regexp.QuoteMeta(elsewhere.URL)+` method=OPTIONS path=/v1/pets`, 1)
-	if n := strings.Count(logs.String(), "browser origin refused"); n != 1 {
-		t.Errorf("%d refused-origin lines, want 1 (one origin, the allowed one never):\n%s", n, logs)
-	}
+	checkLines(t, logs, "browser origin refused", 1) // one origin; the allowed one never
 }
 
 // backOfficeResults carry the page's configuration to its origin, and what
@@ -264,9 +257,7 @@ func loadInBrowser(t *testing.T, chromium, url string, result <-chan []byte) []b
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	defer func() {
@@ -298,11 +289,7 @@ func TestOpenAPITools(t *testing.T) {
 	npm := needTool(t, "npm", "apt-get install npm")
 	goBin := needTool(t, "go", "https://go.dev/doc/install")
 	dir := t.TempDir()
-	for _, name := range []string{"package.json", "tsconfig.json", "orval.config.cjs", "orval.ts", "hey.ts"} {
-		b, err := os.ReadFile(filepath.Join("testdata", "tools", name))
-		must(t, err)
-		must(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
-	}
+	copyTestdata(t, dir, "tools", "package.json", "tsconfig.json", "orval.config.cjs", "orval.ts", "hey.ts")
 	servedDocument(t, dir)
 	onlineCommand(t, "the npm registry", dir, nil, npm, "install", "--no-audit", "--no-fund", "--loglevel=error")
 
@@ -339,37 +326,29 @@ func TestOpenAPITools(t *testing.T) {
 	// passing the answer on, and answers requests it finds invalid itself
 	// (422, and 401 without a key): those are sent to kin-openapi only.
 	for _, a := range realAnswers() {
-		direct := sendAnswer(t, base, a)
+		direct := send(t, base, a.call)
 		if direct.status != a.status {
 			t.Fatalf("%s: the service answered %d, want %d: %s", a.name, direct.status, a.status, direct.body)
 		}
-		viaKin := sendAnswer(t, kin.url, a)
-		if viaKin.status != a.status {
+		if viaKin := send(t, kin.url, a.call); viaKin.status != a.status {
 			t.Errorf("%s through kin-openapi: %d, want %d", a.name, viaKin.status, a.status)
 		}
-		if !a.prism {
-			continue
-		}
-		viaPrism := sendAnswer(t, prism, a)
-		if viaPrism.status != a.status || strings.Contains(viaPrism.body, "stoplight.io/prism/errors") || viaPrism.violations != "" {
-			t.Errorf("%s through Prism: %d %s (sl-violations: %q), want the service's %d", a.name, viaPrism.status, viaPrism.body, viaPrism.violations, a.status)
+		if a.prism {
+			checkViaPrism(t, prism, a)
 		}
 	}
 	// Last, 429: the address failed authentication too often, and its
 	// requests without a valid key are refused for the rest of the minute.
-	wrongKey := answer{"wrong key", "GET", "/v1/pets", map[string]string{"Authorization": "Bearer not-a-key-of-this-service"}, "", 401, false}
-	for i := 0; sendAnswer(t, base, wrongKey).status != http.StatusTooManyRequests; i++ {
+	wrongKey := call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer not-a-key-of-this-service"}}
+	for i := 0; send(t, base, wrongKey).status != http.StatusTooManyRequests; i++ {
 		if i > 100 {
 			t.Fatal("100 wrong keys from one address were never refused with 429")
 		}
 	}
-	refused := answer{"too many failed authentications", "GET", "/v1/pets", wrongKey.header, "", 429, true}
-	if got := sendAnswer(t, kin.url, refused); got.status != 429 {
-		t.Errorf("%s through kin-openapi: %d, want 429", refused.name, got.status)
+	if got := send(t, kin.url, wrongKey); got.status != 429 {
+		t.Errorf("too many failed authentications through kin-openapi: %d, want 429", got.status)
 	}
-	if got := sendAnswer(t, prism, refused); got.status != 429 || strings.Contains(got.body, "stoplight.io/prism/errors") || got.violations != "" {
-		t.Errorf("%s through Prism: %d %s (sl-violations: %q), want the service's 429", refused.name, got.status, got.body, got.violations)
-	}
+	checkViaPrism(t, prism, answer{"too many failed authentications", wrongKey, 429, true})
 	lines := kin.waitForLines(t, len(realAnswers())+1)
 	for _, line := range lines {
 		if !strings.HasPrefix(line, "ok ") {
@@ -380,73 +359,61 @@ func TestOpenAPITools(t *testing.T) {
 
 // answer is a request that makes the service give one kind of answer.
 type answer struct {
-	name         string
-	method, path string
-	header       map[string]string
-	body         string
-	status       int
-	prism        bool // Prism passes it on (see TestOpenAPITools)
+	name string
+	call
+	status int
+	prism  bool // Prism passes it on (see TestOpenAPITools)
+}
+
+// checkViaPrism sends a through Prism's proxy: the service's answer must
+// come back as it is, with no violation of the document found.
+func checkViaPrism(t *testing.T, prism string, a answer) {
+	t.Helper()
+	got := send(t, prism, a.call)
+	if violations := got.header.Get("sl-violations"); got.status != a.status || bytes.Contains(got.body, []byte("stoplight.io/prism/errors")) || violations != "" {
+		t.Errorf("%s through Prism: %d %s (sl-violations: %q), want the service's %d", a.name, got.status, got.body, violations, a.status)
+	}
 }
 
 // realAnswers is one request for each kind of answer the document
 // describes that a healthy service gives, in an order that makes each.
+// send adds the test key, and Content-Type: application/json to a POST.
 func realAnswers() []answer {
-	key := map[string]string{"Authorization": "Bearer " + testKey}
-	with := func(extra map[string]string) map[string]string {
-		h := maps.Clone(key)
-		maps.Copy(h, extra)
-		return h
-	}
-	json := map[string]string{"Content-Type": "application/json"}
 	tooLong := `{"name":"` + strings.Repeat("x", 20<<10) + `","categoryId":1}`
+	create := func(body string, header map[string]string) call {
+		return call{method: "POST", path: "/v1/pets", body: body, header: header}
+	}
+	get := func(path string, header map[string]string) call {
+		return call{method: "GET", path: path, header: header}
+	}
+	order1 := map[string]string{"Idempotency-Key": "order-1"}
 	return []answer{
-		{"index", "GET", "/", nil, "", 200, true},
-		{"health", "GET", "/healthz", nil, "", 200, true},
-		{"document as YAML", "GET", "/openapi.yaml", nil, "", 200, true},
-		{"document as JSON", "GET", "/openapi.json", nil, "", 200, true},
-		{"create", "POST", "/v1/pets", with(json), `{"name":"Rex","categoryId":1}`, 201, true},
-		{"create with a status", "POST", "/v1/pets", with(json), `{"name":"Nala","categoryId":2,"status":"sold"}`, 201, true},
-		{"create with an Idempotency-Key", "POST", "/v1/pets", with(map[string]string{"Content-Type": "application/json", "Idempotency-Key": "order-1"}), `{"name":"Milo","categoryId":1}`, 201, true},
-		{"create replayed", "POST", "/v1/pets", with(map[string]string{"Content-Type": "application/json", "Idempotency-Key": "order-1"}), `{"name":"Milo","categoryId":1}`, 201, true},
-		{"Idempotency-Key reused", "POST", "/v1/pets", with(map[string]string{"Content-Type": "application/json", "Idempotency-Key": "order-1"}), `{"name":"Otto","categoryId":1}`, 422, true},
-		{"create, bad body", "POST", "/v1/pets", with(json), `{"name":"","categoryId":1}`, 400, false},
-		{"create, body too large", "POST", "/v1/pets", with(json), tooLong, 413, false},
-		{"create, not JSON", "POST", "/v1/pets", with(map[string]string{"Content-Type": "text/plain"}), `Rex`, 415, false},
-		{"create without a key", "POST", "/v1/pets", json, `{"name":"Rex","categoryId":1}`, 401, false},
-		{"list", "GET", "/v1/pets", key, "", 200, true},
-		{"list, a page with a next link", "GET", "/v1/pets?limit=1&status=available", key, "", 200, true},
-		{"list, unknown parameter", "GET", "/v1/pets?colour=red", key, "", 400, true},
-		{"list, limit too large", "GET", "/v1/pets?limit=1000", key, "", 400, false},
-		{"list without a key", "GET", "/v1/pets", nil, "", 401, false},
-		{"list, wrong key", "GET", "/v1/pets", map[string]string{"Authorization": "Bearer not-a-key-of-this-service"}, "", 401, true},
-		{"get", "GET", "/v1/pets/1", key, "", 200, true},
-		{"get, no such pet", "GET", "/v1/pets/99", key, "", 404, true},
-		{"get, bad id", "GET", "/v1/pets/abc", key, "", 400, false},
-		{"get with a query parameter", "GET", "/v1/pets/1?status=sold", key, "", 400, true},
-		{"get without a key", "GET", "/v1/pets/1", nil, "", 401, false},
-		{"orders", "GET", "/v1/store/orders", key, "", 501, false},
+		{"index", get("/", noKey), 200, true},
+		{"health", get("/healthz", noKey), 200, true},
+		{"document as YAML", get("/openapi.yaml", noKey), 200, true},
+		{"document as JSON", get("/openapi.json", noKey), 200, true},
+		{"create", create(`{"name":"Rex","categoryId":1}`, nil), 201, true},
+		{"create with a status", create(`{"name":"Nala","categoryId":2,"status":"sold"}`, nil), 201, true},
+		{"create with an Idempotency-Key", create(`{"name":"Milo","categoryId":1}`, order1), 201, true},
+		{"create replayed", create(`{"name":"Milo","categoryId":1}`, order1), 201, true},
+		{"Idempotency-Key reused", create(`{"name":"Otto","categoryId":1}`, order1), 422, true},
+		{"create, bad body", create(`{"name":"","categoryId":1}`, nil), 400, false},
+		{"create, body too large", create(tooLong, nil), 413, false},
+		{"create, not JSON", create(`Rex`, map[string]string{"Content-Type": "text/plain"}), 415, false},
+		{"create without a key", create(`{"name":"Rex","categoryId":1}`, noKey), 401, false},
+		{"list", get("/v1/pets", nil), 200, true},
+		{"list, a page with a next link", get("/v1/pets?limit=1&status=available", nil), 200, true},
+		{"list, unknown parameter", get("/v1/pets?colour=red", nil), 400, true},
+		{"list, limit too large", get("/v1/pets?limit=1000", nil), 400, false},
+		{"list without a key", get("/v1/pets", noKey), 401, false},
+		{"list, wrong key", get("/v1/pets", map[string]string{"Authorization": "Bearer not-a-key-of-this-service"}), 401, true},
+		{"get", get("/v1/pets/1", nil), 200, true},
+		{"get, no such pet", get("/v1/pets/99", nil), 404, true},
+		{"get, bad id", get("/v1/pets/abc", nil), 400, false},
+		{"get with a query parameter", get("/v1/pets/1?status=sold", nil), 400, true},
+		{"get without a key", get("/v1/pets/1", noKey), 401, false},
+		{"orders", get("/v1/store/orders", nil), 501, false},
 	}
-}
-
-// answered is what came back for an answer.
-type answered struct {
-	status     int
-	body       string
-	violations string // Prism's sl-violations header
-}
-
-func sendAnswer(t *testing.T, base string, a answer) answered {
-	t.Helper()
-	req, err := http.NewRequest(a.method, base+a.path, strings.NewReader(a.body))
-	must(t, err)
-	for k, v := range a.header {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	must(t, err)
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return answered{resp.StatusCode, string(body), resp.Header.Get("sl-violations")}
 }
 
 // kinProxy is the kin-openapi validating proxy (testdata/kinproxy) as a
@@ -462,9 +429,7 @@ type kinProxy struct {
 func startKinProxy(t *testing.T, goBin, document, upstream string) kinProxy {
 	t.Helper()
 	dir := t.TempDir()
-	src, err := os.ReadFile(filepath.Join("testdata", "kinproxy", "main.go.txt"))
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(dir, "main.go"), src, 0o644))
+	copyTestdata(t, dir, "kinproxy", "main.go.txt")
 	env := []string{"GOFLAGS="}
 	command(t, dir, env, goBin, "mod", "init", "kinproxy")
 	onlineCommand(t, "the Go module proxy", dir, env, goBin, "get", "github.com/getkin/kin-openapi@"+kinOpenAPIVersion)

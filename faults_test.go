@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -120,70 +119,67 @@ func TestDiskFull(t *testing.T) {
 func testDiskFull(t *testing.T, dir string) {
 	path := filepath.Join(dir, "pets.db")
 	svc := startService(t, nil, "-db", path)
-	store, logs := svc.store, svc.log
-	acked := map[int64]bool{}
-	create := func() reply {
-		r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody})
-		if r.status == 201 {
-			acked[decodePet(t, r.body).ID] = true
-		}
-		return r
-	}
-	mustCreate := func() {
+	acked, refused := map[int64]bool{}, 0
+	// create sends a create and checks its answer: want 201, or the 503 of
+	// the full disk, or (want 0) either.
+	create := func(want int) {
 		t.Helper()
-		if r := create(); r.status != 201 {
+		r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: newPetBody})
+		switch {
+		case r.status == 201 && want != 503:
+			acked[decodePet(t, r.body).ID] = true
+		case want == 201:
 			t.Fatalf("create: %d %s", r.status, r.body)
-		}
-	}
-	for range 5 {
-		mustCreate()
-	}
-
-	free := fillDisk(t, dir)
-	refused := 0
-	for i := 0; i < 5000 && refused == 0; i++ {
-		if r := create(); r.status != 201 {
+		default:
 			checkReply(t, r, 503, map[string]string{"Retry-After": "5"}, diskFullBody)
 			refused++
 		}
+	}
+	health := func(status int, body string) {
+		t.Helper()
+		checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), status, map[string]string{"Retry-After": map[int]string{503: "5"}[status]}, body)
+	}
+	for range 5 {
+		create(201)
+	}
+
+	free := fillDisk(t, dir)
+	for i := 0; i < 5000 && refused == 0; i++ {
+		create(0)
 	}
 	if refused == 0 {
 		t.Fatal("5000 creates on a full disk were all stored")
 	}
 	for range 20 {
-		checkReply(t, create(), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
-		refused++
+		create(503)
 	}
 	// A batch whose every create had expired commits an empty
 	// transaction, which works on a full disk: it must not clear the
 	// fault. The create after it is committed after it (one queue).
 	late := createRequest{pet: NewPet{Name: "Late", CategoryID: 1, Status: "available"}, deadline: time.Now().Add(-time.Second)}
-	if _, _, err := store.createPet(context.Background(), late); !errors.Is(err, errTimedOut) {
+	if _, _, err := svc.store.createPet(context.Background(), late); !errors.Is(err, errTimedOut) {
 		t.Errorf("a create past its deadline: %v, want timed out", err)
 	}
-	checkReply(t, create(), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
-	refused++
-	checkLines(t, logs, `msg="storage fault cleared"`, 0)
+	create(503)
+	checkLines(t, svc.log, `msg="storage fault cleared"`, 0)
 	if r := send(t, svc.url, call{method: "GET", path: "/v1/pets?limit=1"}); r.status != 200 {
 		t.Errorf("list on a full disk: %d %s", r.status, r.body)
 	}
-	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
-	checkLines(t, logs, `level=ERROR msg="storage fault`, 1)
+	health(503, diskFullBody)
+	checkLines(t, svc.log, `level=ERROR msg="storage fault`, 1)
 
 	free()
 	start := time.Now()
-	mustCreate()
+	create(201)
 	t.Logf("disk full: %d creates acknowledged, %d refused with 503; first create after freeing space stored after %s",
 		len(acked), refused, time.Since(start).Round(time.Millisecond))
-	want := fmt.Sprintf(`level=WARN msg="storage fault cleared" fault="disk full: [^"]*" why="a write succeeded" refused=%d `, refused)
-	checkLines(t, logs, want, 1)
-	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+	checkLines(t, svc.log, fmt.Sprintf(`level=WARN msg="storage fault cleared" fault="disk full: [^"]*" why="a write succeeded" refused=%d `, refused), 1)
+	health(200, `{"status":"ok"}`)
 
 	// A restart while the disk is full.
 	svc.stop()
 	free = fillDisk(t, dir)
 	svc = startService(t, nil, "-db", path)
-	store = svc.store
 	if got := walkCatalogue(t, svc.url); len(got) != len(acked) {
 		t.Errorf("after a restart on a full disk: %d pets listed, %d acknowledged", len(got), len(acked))
 	}
@@ -191,20 +187,17 @@ func testDiskFull(t *testing.T, dir string) {
 	// /healthz says so (the tests run as root, whom ext4 lets use blocks
 	// it keeps from others).
 	for range 30 {
-		checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
-		checkReply(t, create(), 503, map[string]string{"Retry-After": "5"}, diskFullBody)
+		health(503, diskFullBody)
+		create(503)
 	}
 	free()
-	mustCreate()
-	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
-
-	pets, err := storedPets(store)
-	must(t, err)
-	for _, p := range pets {
+	create(201)
+	health(200, `{"status":"ok"}`)
+	for _, p := range walkCatalogue(t, svc.url) {
 		delete(acked, p.ID)
 	}
 	if len(acked) != 0 {
-		t.Errorf("acknowledged pets missing from the file: %v", acked)
+		t.Errorf("acknowledged pets missing from the catalogue: %v", acked)
 	}
 }
 
@@ -256,9 +249,7 @@ func TestReadOnlyStorage(t *testing.T) {
 	// No create needed: the store tries a write every second while a
 	// fault is in force, so it recovers by itself.
 	start := time.Now()
-	waitFor(t, patience, "health to recover", func() bool {
-		return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 200
-	})
+	waitForHealth(t, svc.url, 200)
 	t.Logf("read-only: 30 creates refused, %d fault lines, recovered %s after the file was writable again",
 		countLines(logs, `msg="storage fault`), time.Since(start).Round(time.Millisecond))
 	createPets(t, svc.url, newPetBody)
@@ -287,16 +278,8 @@ func damagePage(t *testing.T, path string) {
 func TestLockedByAnotherProcess(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	svc := startService(t, nil, "-db", path)
-	_, logs := svc.store, svc.log
 	createPets(t, svc.url, newPetBody)
-
-	other, err := sql.Open("sqlite3", path)
-	must(t, err)
-	defer other.Close()
-	conn, err := other.Conn(context.Background())
-	must(t, err)
-	_, err = conn.ExecContext(context.Background(), "BEGIN IMMEDIATE")
-	must(t, err)
+	_, release := holdWriteLock(t, path)
 	// Four creates at once, as a batch of clients sends them.
 	replies := make(chan reply, 4)
 	for range 4 {
@@ -306,13 +289,10 @@ func TestLockedByAnotherProcess(t *testing.T) {
 		checkReply(t, <-replies, 503, map[string]string{"Retry-After": "1"}, lockedBody)
 	}
 	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"}, lockedBody)
-	conn.ExecContext(context.Background(), "ROLLBACK")
-	conn.Close()
-	waitFor(t, patience, "health to recover", func() bool {
-		return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 200
-	})
+	release()
+	waitForHealth(t, svc.url, 200)
 	createPets(t, svc.url, newPetBody)
-	checkFaultEpisodes(t, logs, "database locked", 4)
+	checkFaultEpisodes(t, svc.log, "database locked", 4)
 }
 
 // checkFaultEpisodes holds the log of one storage fault, kind, that
@@ -368,10 +348,7 @@ func TestDamagedFile(t *testing.T) {
 			preloadPets(t, path, 5000)
 			damage(t, path)
 			svc := startService(t, nil, "-db", path)
-			waitFor(t, patience, "health to report the damage", func() bool {
-				return send(t, svc.url, call{method: "GET", path: "/healthz"}).status == 503
-			})
-			checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+			checkReply(t, waitForHealth(t, svc.url, 503), 503, map[string]string{"Retry-After": "60"}, damagedBody)
 			checkLines(t, svc.log, `level=ERROR msg="database file is damaged: stop the service, [^"]*restore the latest backup[^"]*"`, 1)
 			statuses := map[int]int{}
 			for after := 0; after < 5000; after += 100 {
@@ -392,17 +369,11 @@ func TestDamagedFile(t *testing.T) {
 // garbleRow puts text in pet 2's category_id, through SQLite with the
 // table's STRICT taken off for the moment.
 func garbleRow(t *testing.T, path string) {
-	for _, stmt := range []string{
-		"PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, ') STRICT', ')') WHERE name = 'pets'",
-		"UPDATE pets SET category_id = 'garbage' WHERE id = 2",
-		"PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = sql || ' STRICT' WHERE name = 'pets'",
-	} {
-		db, err := sql.Open("sqlite3", path)
-		must(t, err)
-		_, err = db.Exec(stmt)
-		db.Close()
-		must(t, err)
-	}
+	// Each statement on a connection of its own, which reads the schema
+	// as the one before left it.
+	sqlExec(t, path, "PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, ') STRICT', ')') WHERE name = 'pets'")
+	sqlExec(t, path, "UPDATE pets SET category_id = 'garbage' WHERE id = 2")
+	sqlExec(t, path, "PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = sql || ' STRICT' WHERE name = 'pets'")
 }
 
 // TestFrozenStorage freezes the filesystem under the binary while clients
@@ -422,11 +393,7 @@ func TestFrozenStorage(t *testing.T) {
 	mustRun(t, fsfreeze, "-f", dir)
 	thaw := sync.OnceFunc(func() { exec.Command(fsfreeze, "-u", dir).Run() })
 	defer thaw()
-	waitFor(t, patience, "health to report the stuck commit", func() bool {
-		return send(t, base, call{method: "GET", path: "/healthz"}).status == 503
-	})
-	checkReply(t, send(t, base, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"},
-		errBody(503, codeUnavailable, faultNotAnswering.message()))
+	checkReply(t, waitForHealth(t, base, 503), 503, map[string]string{"Retry-After": "1"}, errBody(503, codeUnavailable, faultNotAnswering.message()))
 	waitForLog(t, logs, `level=WARN msg="a commit is waiting on the storage`, 1)
 	sentFrozen := len(load.answers())
 	thaw()
@@ -455,10 +422,7 @@ func TestFrozenStorage(t *testing.T) {
 	checkLines(t, logs, `msg="a commit is waiting on the storage`, 1)
 	// A health read that the freeze held may still be finishing on a
 	// loaded machine: health recovers once it has.
-	waitFor(t, patience, "health to recover after the thaw", func() bool {
-		return send(t, base, call{method: "GET", path: "/healthz"}).status == 200
-	})
-	checkReply(t, send(t, base, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+	checkReply(t, waitForHealth(t, base, 200), 200, nil, `{"status":"ok"}`)
 	t.Logf("freeze under a 2 s write timeout: answers %v, %d answered 201 across the freeze, all answered 201 stored", answers, acrossFreeze)
 }
 

@@ -72,6 +72,7 @@ func startService(t testing.TB, env map[string]string, args ...string) *testServ
 type call struct {
 	method, path, body string
 	header             map[string]string
+	extra              http.Header  // added after header, as a second value of a header, say
 	client             *http.Client // nil: http.DefaultClient
 }
 
@@ -109,6 +110,11 @@ func send(t testing.TB, base string, c call) reply {
 			req.Header.Del(k)
 		} else {
 			req.Header.Set(k, v)
+		}
+	}
+	for k, vs := range c.extra {
+		for _, v := range vs {
+			req.Header.Add(k, v)
 		}
 	}
 	client := http.DefaultClient
@@ -190,7 +196,7 @@ func errBody(status int, code, message string) string {
 
 // createPets stores pets through the API, and fails the test if one is
 // not answered 201.
-func createPets(t *testing.T, base string, bodies ...string) {
+func createPets(t testing.TB, base string, bodies ...string) {
 	t.Helper()
 	for _, b := range bodies {
 		if r := send(t, base, call{method: "POST", path: "/v1/pets", body: b}); r.status != http.StatusCreated {
@@ -210,7 +216,12 @@ func walkCatalogue(t *testing.T, base string) []Pet {
 func walkFrom(t testing.TB, base, next string) []Pet {
 	t.Helper()
 	var all []Pet
+	walked := map[string]bool{}
 	for next != "" {
+		if walked[next] {
+			t.Fatalf("the next link %s came round again", next)
+		}
+		walked[next] = true
 		got := send(t, base, call{method: "GET", path: next})
 		var pets []Pet
 		if got.status != 200 || json.Unmarshal(got.body, &pets) != nil {
@@ -230,14 +241,14 @@ func preloadPets(tb testing.TB, path string, n int) {
 	s, err := openStore(path, storeOptions{})
 	must(tb, err)
 	s.close()
-	db, err := sql.Open("sqlite3", path)
-	must(tb, err)
-	defer db.Close()
-	_, err = db.Exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-		INSERT INTO pets (name, category_id, status)
-		SELECT 'pet number ' || i, i % 50 + 1, CASE i % 3 WHEN 0 THEN 'available' WHEN 1 THEN 'pending' ELSE 'sold' END FROM n`, n)
-	must(tb, err)
+	sqlExec(tb, path, fmt.Sprintf(preloadSQL, n))
 }
+
+// preloadSQL inserts %d pets, with names, categories and statuses of
+// every kind, as docs/performance.md does.
+const preloadSQL = `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %d)
+	INSERT INTO pets (name, category_id, status)
+	SELECT 'pet number ' || i, i %% 50 + 1, CASE i %% 3 WHEN 0 THEN 'available' WHEN 1 THEN 'pending' ELSE 'sold' END FROM n`
 
 // syncBuffer is a bytes.Buffer safe for the service's logger and the test
 // to share. With a limit above zero it keeps only the first limit bytes
@@ -282,6 +293,38 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(pause)
 	}
+}
+
+// waitForHealth waits until /healthz answers status, and returns that
+// answer.
+func waitForHealth(t testing.TB, base string, status int) reply {
+	t.Helper()
+	var r reply
+	waitFor(t, patience, fmt.Sprintf("/healthz to answer %d", status), func() bool {
+		r = send(t, base, call{method: "GET", path: "/healthz"})
+		return r.status == status
+	})
+	return r
+}
+
+// holdWriteLock takes the database's write lock from a connection of its
+// own, as another process would, until release is called or the test
+// ends; other is that connection's pool, open until the test ends.
+func holdWriteLock(t testing.TB, path string) (other *sql.DB, release func()) {
+	t.Helper()
+	other, err := sql.Open("sqlite3", path)
+	must(t, err)
+	t.Cleanup(func() { other.Close() })
+	conn, err := other.Conn(context.Background())
+	must(t, err)
+	_, err = conn.ExecContext(context.Background(), "BEGIN IMMEDIATE")
+	must(t, err)
+	release = sync.OnceFunc(func() {
+		conn.ExecContext(context.Background(), "ROLLBACK")
+		conn.Close()
+	})
+	t.Cleanup(release)
+	return other, release
 }
 
 // waitForLog waits until log has count lines matching re, and shows the
@@ -356,20 +399,15 @@ func goTool(t testing.TB, name, pkg, version string) string {
 	if path, err := exec.LookPath(name); err == nil {
 		return path
 	}
-	var dirs []string
-	if out, err := exec.Command("go", "env", "GOBIN", "GOPATH").Output(); err == nil {
-		gobin, gopath, _ := strings.Cut(strings.TrimRight(string(out), "\n"), "\n")
-		dirs = append(dirs, gobin)
-		for _, p := range filepath.SplitList(gopath) {
-			dirs = append(dirs, filepath.Join(p, "bin"))
-		}
+	out, _ := exec.Command("go", "env", "GOBIN", "GOPATH").Output()
+	gobin, gopath, _ := strings.Cut(strings.TrimRight(string(out), "\n"), "\n")
+	dirs := []string{gobin, filepath.Join(build.Default.GOPATH, "bin")}
+	for _, p := range filepath.SplitList(gopath) {
+		dirs = append(dirs, filepath.Join(p, "bin"))
 	}
-	for _, dir := range append(dirs, filepath.Join(build.Default.GOPATH, "bin")) {
-		if dir == "" {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+	for _, dir := range dirs {
+		// LookPath of a path with a slash: there, a file, executable.
+		if path, err := exec.LookPath(filepath.Join(dir, name)); dir != "" && err == nil {
 			return path
 		}
 	}
@@ -636,7 +674,7 @@ func (s *creates) acked() map[int64]Pet {
 
 // checkStored holds the pets stored against the stream: every pet
 // answered 201 is there, unchanged, and every pet there was sent by the
-// stream; a create without an answer may be there or not. It returns how
+// stream, once; a create without an answer may be there or not. It returns how
 // many creates were answered 201, how many were refused, and how many of
 // those refused are stored all the same: after some faults (an I/O error
 // on a commit) that may be, after others it must not.
@@ -644,6 +682,9 @@ func checkStored(t testing.TB, stored []Pet, s *creates) (acked, refused, refuse
 	t.Helper()
 	byName := map[string]Pet{}
 	for _, p := range stored {
+		if _, twice := byName[p.Name]; twice {
+			t.Errorf("%s is stored twice", p.Name)
+		}
 		byName[p.Name] = p
 	}
 	for _, c := range s.answers() {

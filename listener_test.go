@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -37,20 +36,11 @@ func TestLowDescriptorLimit(t *testing.T) {
 			defer transport.CloseIdleConnections()
 			client := &http.Client{Transport: transport, Timeout: patience}
 			for range each {
-				req, _ := http.NewRequest("GET", base+"/v1/pets?limit=5", nil)
-				req.Header.Set("Authorization", "Bearer "+testKey)
-				resp, err := client.Do(req)
-				if err != nil {
+				if r := send(t, base, call{method: "GET", path: "/v1/pets?limit=5", client: client}); r.status == 200 {
+					answered.Add(1)
+				} else {
 					failed.Add(1)
-					continue
 				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					failed.Add(1)
-					continue
-				}
-				answered.Add(1)
 			}
 		}()
 	}
@@ -86,7 +76,6 @@ func TestCertificateReloadOnSIGHUP(t *testing.T) {
 	}
 	// Clients that trust either certificate go on through the swap, some
 	// on kept-alive connections, some with a handshake per request.
-	var failed atomic.Int64
 	var calls atomic.Int64
 	anyCert := &tls.Config{InsecureSkipVerify: true}
 	loopers := []*http.Client{
@@ -97,7 +86,6 @@ func TestCertificateReloadOnSIGHUP(t *testing.T) {
 	stop := inLoops(t, 4, func() {
 		calls.Add(1)
 		if err := get(loopers[next.Add(1)%2]); err != nil {
-			failed.Add(1)
 			t.Errorf("a request during the reload: %v", err)
 		}
 	})
@@ -123,10 +111,7 @@ func TestCertificateReloadOnSIGHUP(t *testing.T) {
 	if err := get(trusting(poolB)); err != nil {
 		t.Errorf("after a broken pair: %v", err)
 	}
-	stop()
-	if failed.Load() != 0 {
-		t.Errorf("%d of %d requests failed through the reloads", failed.Load(), calls.Load())
-	}
+	stop() // each request that failed is an error above
 
 	// 100 bare connects and 100 TLS 1.0 hellos: a line or two, not 200.
 	addr := strings.TrimPrefix(base, "https://")
@@ -144,11 +129,7 @@ func TestCertificateReloadOnSIGHUP(t *testing.T) {
 	}
 	// The service's log keeps order: once a later request's access line is
 	// in, so is every handshake line before it.
-	marked, _ := http.NewRequest("GET", base+"/healthz", nil)
-	marked.Header.Set("X-Request-Id", "after-the-handshakes")
-	resp, err := trusting(poolB).Do(marked)
-	must(t, err)
-	resp.Body.Close()
+	send(t, base, call{method: "GET", path: "/healthz", header: map[string]string{"X-Request-Id": "after-the-handshakes"}, client: trusting(poolB)})
 	waitForLog(t, logs, `msg=request [^\n]*request_id=after-the-handshakes`, 1)
 	if n := countLines(logs, `level=WARN msg="http server: http: TLS handshake error from CLIENT`); n < 1 || n > 4 {
 		t.Errorf("%d lines for 200 failed handshakes, want 1 to 4:\n%s", n, logs)

@@ -259,10 +259,7 @@ func TestLitestreamReplica(t *testing.T) {
 			checkStored(t, stored, r.load)
 			_, pets, err := r.tryRestore(ls, t.TempDir())
 			must(t, err)
-			maxRestored := int64(0)
-			for id := range pets {
-				maxRestored = max(maxRestored, id)
-			}
+			maxRestored := slices.Max(append(slices.Collect(maps.Keys(pets)), 0))
 			missing, rpo := 0, time.Duration(0)
 			for _, c := range r.load.answers() {
 				if _, ok := pets[c.pet.ID]; ok || c.status != 201 {

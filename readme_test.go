@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,8 +13,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/google/go-cmp/cmp"
 )
 
 // documents are the project's documents, in the order their examples
@@ -96,9 +93,7 @@ func readmeSession(t *testing.T, readme string) (env map[string]string, args []s
 // an operator or a developer needs is in docs/.
 func TestREADMESize(t *testing.T) {
 	fi, err := os.Stat("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if fi.Size() >= 20000 {
 		t.Errorf("README.md is %d bytes, want under 20,000: move what is not for a newcomer to docs/", fi.Size())
 	}
@@ -136,17 +131,13 @@ func TestREADMEExamples(t *testing.T) {
 	needTool(t, "curl", "apt-get install curl")
 	bash := needTool(t, "bash", "apt-get install bash")
 	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	// The README's session first, then the documents it links to, which
 	// go on from where it ends.
 	var examples []readmeExample
 	for _, doc := range documents {
 		text, err := os.ReadFile(doc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		for _, ex := range readmeCurlExamples(string(text)) {
 			ex.file = doc
 			examples = append(examples, ex)
@@ -207,16 +198,7 @@ func TestREADMEExamples(t *testing.T) {
 // checkSameJSON compares two JSON texts as values, numbers exact.
 func checkSameJSON(t *testing.T, where, want, got string) {
 	t.Helper()
-	decode := func(s string) any {
-		dec := json.NewDecoder(strings.NewReader(s))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			t.Errorf("%s: not JSON: %v: %q", where, err, s)
-		}
-		return v
-	}
-	if diff := cmp.Diff(decode(want), decode(got)); diff != "" {
+	if diff := diffJSON([]byte(want), []byte(got)); diff != "" {
 		t.Errorf("%s: body differs from the README (-README +service):\n%s", where, diff)
 	}
 }
@@ -225,13 +207,9 @@ func checkSameJSON(t *testing.T, where, want, got string) {
 // it defaults from and its default have their row in the README's table.
 func TestREADMEConfigurationTable(t *testing.T) {
 	var usage bytes.Buffer
-	if err := run(context.Background(), []string{"petstore", "-h"}, func(string) string { return "" }, &usage, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	must(t, run(context.Background(), []string{"petstore", "-h"}, func(string) string { return "" }, &usage, io.Discard))
 	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	rows := regexp.MustCompile("(?m)^\\| `-[a-z-]+` \\|.*$").FindAllString(string(readme), -1)
 	flags := regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(usage.String(), -1)
 	if len(flags) < 10 {

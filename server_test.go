@@ -57,8 +57,7 @@ func TestRouting(t *testing.T) {
 
 func TestHealthUnavailable(t *testing.T) {
 	svc := startService(t, nil)
-	store := svc.store
-	store.close()
+	svc.store.close()
 	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "1"},
 		errBody(503, codeUnavailable, "database not answering"))
 	// A store failure on the API is a 500 that says nothing of the cause,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -15,62 +14,25 @@ import (
 )
 
 func TestStore(t *testing.T) {
-	t.Run("database file is private", func(t *testing.T) {
+	// That a reopen keeps the pets is TestRun's restart, through the API.
+	t.Run("a new file is private, in WAL mode, at the latest schema version", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "pets.db")
 		s, err := openStore(path, storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer s.close()
 		fi, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if fi.Mode().Perm() != 0o600 {
-			t.Errorf("mode = %v, want 0600", fi.Mode().Perm())
-		}
-	})
-	t.Run("schema version is recorded and reopening keeps data", func(t *testing.T) {
-		path := filepath.Join(t.TempDir(), "pets.db")
-		s, err := openStore(path, storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: "Rex", CategoryID: 1, Status: "available"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.close()
-		s, err = openStore(path, storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.close()
-		got, err := storedPet(s, p.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(p, got, cmp.AllowUnexported()); diff != "" {
-			t.Errorf("after reopen (-want +got):\n%s", diff)
-		}
+		must(t, err)
 		var version int
-		s.readers.QueryRow("PRAGMA user_version").Scan(&version)
-		if version != len(migrations) {
-			t.Errorf("user_version = %d, want %d", version, len(migrations))
-		}
 		var mode string
+		s.readers.QueryRow("PRAGMA user_version").Scan(&version)
 		s.readers.QueryRow("PRAGMA journal_mode").Scan(&mode)
-		if mode != "wal" {
-			t.Errorf("journal_mode = %q, want wal", mode)
+		if fi.Mode().Perm() != 0o600 || version != len(migrations) || mode != "wal" {
+			t.Errorf("mode %v, user_version %d, journal_mode %q; want 0600, %d, wal", fi.Mode().Perm(), version, mode, len(migrations))
 		}
 	})
 	t.Run("refuses a newer schema", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "pets.db")
-		db, _ := sql.Open("sqlite3", path)
-		if _, err := db.Exec("PRAGMA user_version = 99"); err != nil {
-			t.Fatal(err)
-		}
-		db.Close()
+		sqlExec(t, path, "PRAGMA user_version = 99")
 		_, err := openStore(path, storeOptions{})
 		want := fmt.Sprintf("open database %s: schema version 99 is newer than this build understands (%d); use a newer petstore", path, len(migrations))
 		if err == nil || err.Error() != want {
@@ -79,15 +41,11 @@ func TestStore(t *testing.T) {
 	})
 	t.Run("status filter reads only the covering index, in id order", func(t *testing.T) {
 		s, err := openStore(filepath.Join(t.TempDir(), "pets.db"), storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer s.close()
 		var plan strings.Builder
 		rows, err := s.readers.Query("EXPLAIN QUERY PLAN SELECT id, name, category_id, status FROM pets WHERE status = ? AND id > ? ORDER BY id LIMIT ?", "sold", 0, 20)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		for rows.Next() {
 			var id, parent, notused int
 			var detail string
@@ -105,34 +63,18 @@ func TestMigrateFromVersion1(t *testing.T) {
 	// A file written by the first release (schema version 1) is upgraded in
 	// place, its pets kept, and idempotency works on it.
 	path := filepath.Join(t.TempDir(), "v1.db")
-	db, err := sql.Open("sqlite3", sqliteDSN(path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, stmt := range []string{migrations[0], "PRAGMA user_version = 1",
-		"INSERT INTO pets (name, category_id, status) VALUES ('Old', 4, 'sold')"} {
-		if _, err := db.Exec(stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db.Close()
+	sqlExec(t, sqliteDSN(path), migrations[0], "PRAGMA user_version = 1", "INSERT INTO pets (name, category_id, status) VALUES ('Old', 4, 'sold')")
 	s, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer s.close()
 	got, err := storedPet(s, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if diff := cmp.Diff(Pet{ID: 1, Name: "Old", CategoryID: 4, Status: "sold"}, got); diff != "" {
 		t.Errorf("pet after migration (-want +got):\n%s", diff)
 	}
 	req := createRequest{pet: NewPet{Name: "New", CategoryID: 1, Status: "available"}, idempotencyKey: "k", scope: idempotencyScope(digestOf(testKey))}
 	first, _, err := s.createPet(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	again, replayed, err := s.createPet(context.Background(), req)
 	if err != nil || !replayed || again != first {
 		t.Errorf("retry = %+v, %v, %v; want %+v replayed", again, replayed, err, first)
@@ -162,21 +104,6 @@ func petOf(r *petRow) Pet {
 // SQLite file of another application or one holding tables it did not
 // make; an unmarked file of an earlier petstore is marked.
 func TestForeignFiles(t *testing.T) {
-	makeFile := func(t *testing.T, sqls ...string) string {
-		t.Helper()
-		path := filepath.Join(t.TempDir(), "x.db")
-		db, err := sql.Open("sqlite3", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		for _, q := range sqls {
-			if _, err := db.Exec(q); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return path
-	}
 	for _, tc := range []struct {
 		name, wantErr string
 		sqls          []string
@@ -191,7 +118,8 @@ func TestForeignFiles(t *testing.T) {
 			[]string{"CREATE TABLE pets (id INTEGER PRIMARY KEY, species TEXT)", "PRAGMA user_version = 2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			path := makeFile(t, tc.sqls...)
+			path := filepath.Join(t.TempDir(), "x.db")
+			sqlExec(t, path, tc.sqls...)
 			before, _ := os.ReadFile(path)
 			_, err := openStore(path, storeOptions{})
 			if want := "open database " + path + ": " + tc.wantErr; err == nil || err.Error() != want {
@@ -211,20 +139,12 @@ func TestForeignFiles(t *testing.T) {
 	t.Run("unmarked file of an earlier petstore", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "p.db")
 		s, err := openStore(path, storeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		s.close()
-		db, _ := sql.Open("sqlite3", path)
-		for _, q := range []string{"DROP TRIGGER pets_inserted", "DROP TRIGGER pets_updated", "DROP TRIGGER pets_deleted", "DROP TRIGGER pets_replacing",
+		sqlExec(t, path, "DROP TRIGGER pets_inserted", "DROP TRIGGER pets_updated", "DROP TRIGGER pets_deleted", "DROP TRIGGER pets_replacing",
 			"DROP INDEX pets_idempotency_key", "ALTER TABLE pets DROP COLUMN idempotency_scope",
 			"CREATE UNIQUE INDEX pets_idempotency_key ON pets (idempotency_key) WHERE idempotency_key IS NOT NULL",
-			"DROP TABLE pets_changes", "PRAGMA application_id = 0", "PRAGMA user_version = 3"} {
-			if _, err := db.Exec(q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-		}
-		db.Close()
+			"DROP TABLE pets_changes", "PRAGMA application_id = 0", "PRAGMA user_version = 3")
 		s, err = openStore(path, storeOptions{})
 		if err != nil {
 			t.Fatalf("an earlier petstore's file: %v", err)
@@ -244,17 +164,8 @@ func TestForeignFiles(t *testing.T) {
 // keys were scoped (a version 5 file) matches no client after the upgrade.
 func TestIdempotencyKeysBelongToTheirAPIKey(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "v5.db")
-	db, err := sql.Open("sqlite3", sqliteDSN(path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, stmt := range append(slices.Clone(migrations[:5]), "PRAGMA user_version = 5",
-		`INSERT INTO pets (name, category_id, status, idempotency_key, request_fingerprint) VALUES ('Old', 1, 'available', 'order-1', x'00')`) {
-		if _, err := db.Exec(stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db.Close()
+	sqlExec(t, sqliteDSN(path), append(slices.Clone(migrations[:5]), "PRAGMA user_version = 5",
+		`INSERT INTO pets (name, category_id, status, idempotency_key, request_fingerprint) VALUES ('Old', 1, 'available', 'order-1', x'00')`)...)
 	const second = "second-key-0123456789ab"
 	svc := startService(t, map[string]string{"PETSTORE_API_KEYS": testKey + "," + second}, "-db", path)
 	store := svc.store

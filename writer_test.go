@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -25,70 +26,41 @@ func TestNoCommitBehindTheClientsBack(t *testing.T) {
 	// machine.
 	const writeTimeout = 8 * time.Second
 	base, _ := startBinary(t, nil, []string{"-db", db, "-write-timeout", writeTimeout.String()}, nil)
-
-	other, err := sql.Open("sqlite3", db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	conn, err := other.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
+	other, release := holdWriteLock(t, db)
 	const creates = 20
 	var wg sync.WaitGroup
-	statuses := make([]int, creates)
-	errs := make([]error, creates)
+	replies := make([]reply, creates)
 	client := &http.Client{Timeout: patience}
-	post := func(body string) (int, error) {
-		req, _ := http.NewRequest("POST", base+"/v1/pets", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		sent := time.Now()
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, fmt.Errorf("after %s: %w", time.Since(sent).Round(time.Millisecond), err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode, nil
-	}
 	held := time.Now()
 	for i := range creates {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			statuses[i], errs[i] = post(fmt.Sprintf(`{"name":"Held %d","categoryId":1}`, i))
+			replies[i] = send(t, base, call{method: "POST", path: "/v1/pets", body: fmt.Sprintf(`{"name":"Held %d","categoryId":1}`, i), client: client})
 		}()
 	}
 	// The lock is held until every create has its answer, however long
 	// that takes: longer than any create's deadline.
 	wg.Wait()
 	heldFor := time.Since(held)
-	conn.ExecContext(context.Background(), "ROLLBACK")
-	conn.Close()
+	release()
 	acked := 0
-	for i := range creates {
+	for i, r := range replies {
 		switch {
-		case errs[i] != nil:
-			t.Errorf("create %d was not answered: %v", i, errs[i])
-		case statuses[i] == 201:
+		case r.err != nil:
+			t.Errorf("create %d was not answered: %v", i, r.err)
+		case r.status == 201:
 			acked++
-		case statuses[i] != 503:
-			t.Errorf("create %d: status %d, want 503 or 201", i, statuses[i])
+		case r.status != 503:
+			t.Errorf("create %d: status %d, want 503 or 201", i, r.status)
 		}
 	}
 	// A create sent now is committed after anything the writer still
 	// held from before: once it is answered, a commit behind the
 	// clients' back would be in the file.
-	if status, err := post(`{"name":"After the lock","categoryId":1}`); err != nil || status != 201 {
-		t.Fatalf("create after the lock was released: %d %v", status, err)
-	}
+	createPets(t, base, `{"name":"After the lock","categoryId":1}`)
 	var stored int
-	if err := other.QueryRow("SELECT count(*) FROM pets").Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
+	must(t, other.QueryRow("SELECT count(*) FROM pets").Scan(&stored))
 	stored-- // the create after the lock
 	t.Logf("write lock held %s, write timeout %s: %d creates, %d answered 201, %d answered 503, %d stored, %d stored but not answered 201",
 		heldFor.Round(time.Millisecond), writeTimeout, creates, acked, creates-acked, stored, stored-acked)
@@ -105,46 +77,30 @@ func TestWALIsBounded(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	const limit = 64 << 20 // journal_size_limit
 	s, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer s.close()
 	walSize := func() int64 {
 		fi, err := os.Stat(path + "-wal")
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		return fi.Size()
 	}
 
 	reader, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer reader.Close()
 	conn, _ := reader.Conn(context.Background())
 	defer conn.Close()
 	var n int
 	conn.ExecContext(context.Background(), "BEGIN")
-	if err := conn.QueryRowContext(context.Background(), "SELECT count(*) FROM pets").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	must(t, conn.QueryRowContext(context.Background(), "SELECT count(*) FROM pets").Scan(&n))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				if _, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: strings.Repeat("n", 90), CategoryID: 1, Status: "sold"}}); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	defer func() { cancel(); wg.Wait() }()
+	var failed atomic.Bool // the first failure is reported, not every one
+	stop := inLoops(t, 8, func() {
+		if _, _, err := s.createPet(context.Background(), createRequest{pet: NewPet{Name: strings.Repeat("n", 90), CategoryID: 1, Status: "sold"}}); err != nil && !failed.Swap(true) {
+			t.Error(err)
+		}
+	})
+	defer stop()
 	waitFor(t, 2*patience, "the WAL to grow past the limit", func() bool { return walSize() > limit+limit/4 })
 	grown := walSize()
 	conn.ExecContext(context.Background(), "COMMIT")
@@ -184,58 +140,35 @@ func TestWriterRefusesAnIDHeldBefore(t *testing.T) {
 func TestOneRefusedCreateSparesItsBatch(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	svc := startService(t, nil, "-db", path)
-	s, _ := svc.store, svc.log
-	other, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	if _, err := other.Exec(`CREATE TRIGGER refuse_some BEFORE INSERT ON pets WHEN NEW.name = 'Refused'
-		BEGIN SELECT RAISE(ABORT, 'no pet may be named Refused'); END`); err != nil {
-		t.Fatal(err)
-	}
-	lock, err := other.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if _, err := lock.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	create := func(name string, into *reply) func() {
-		return func() {
-			r := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":1}`})
-			err := r.err
-			if err != nil {
-				t.Error(err)
-			}
-			*into = r
-		}
-	}
+	sqlExec(t, path, `CREATE TRIGGER refuse_some BEFORE INSERT ON pets WHEN NEW.name = 'Refused'
+		BEGIN SELECT RAISE(ABORT, 'no pet may be named Refused'); END`)
+	other, release := holdWriteLock(t, path)
 	var wg sync.WaitGroup
-	start := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
-	var blocker reply
-	start(create("Blocker", &blocker))
-	waitFor(t, patience, "the blocker's commit to wait for the lock", func() bool { return s.commitStart.Load() != 0 })
+	replies := map[string]*reply{}
+	create := func(name string) {
+		r := &reply{}
+		replies[name] = r
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			*r = send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"` + name + `","categoryId":1}`})
+		}()
+	}
+	create("Blocker")
+	waitFor(t, patience, "the blocker's commit to wait for the lock", func() bool { return svc.store.commitStart.Load() != 0 })
 	names := []string{"One", "Two", "Refused", "Three", "Four", "Five"}
-	replies := make([]reply, len(names))
-	for i, name := range names {
-		start(create(name, &replies[i]))
+	for _, name := range names {
+		create(name)
 	}
-	waitFor(t, patience, "six creates to queue behind the blocker", func() bool { return len(s.queue.writes) == len(names) })
-	if _, err := lock.ExecContext(context.Background(), "COMMIT"); err != nil {
-		t.Fatal(err)
-	}
+	waitFor(t, patience, "six creates to queue behind the blocker", func() bool { return len(svc.store.queue.writes) == len(names) })
+	release()
 	wg.Wait()
-	checkReply(t, blocker, 201, nil, `{"id":1,"name":"Blocker","categoryId":1,"status":"available"}`)
-	for i, name := range names {
+	checkReply(t, *replies["Blocker"], 201, nil, `{"id":1,"name":"Blocker","categoryId":1,"status":"available"}`)
+	for _, name := range names {
 		if name == "Refused" {
-			checkReply(t, replies[i], 422, nil, errBody(422, codeRefusedByDatabase,
-				"the database refused this pet: no pet may be named Refused"))
-			continue
-		}
-		if replies[i].status != 201 {
-			t.Errorf("create %s: %d %s", name, replies[i].status, replies[i].body)
+			checkReply(t, *replies[name], 422, nil, errBody(422, codeRefusedByDatabase, "the database refused this pet: no pet may be named Refused"))
+		} else if replies[name].status != 201 {
+			t.Errorf("create %s: %d %s", name, replies[name].status, replies[name].body)
 		}
 	}
 	var stored int
@@ -272,19 +205,13 @@ func newTestBatchWriter(t *testing.T) (*batchWriter, *sql.DB) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "pets.db")
 	s, err := openStore(path, storeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	s.close()
 	db, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	t.Cleanup(func() { db.Close() })
 	w, err := newBatchWriter(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	t.Cleanup(w.close)
 	return w, db
 }
