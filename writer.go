@@ -231,11 +231,6 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		refuse(f)
 		return
 	}
-	if which := s.file.vanished(); which != "" {
-		s.saveVanished(w, which)
-		refuse(s.lasting.Load())
-		return
-	}
 	start := time.Now()
 	s.commitStart.Store(start.UnixNano())
 	stalled := time.AfterFunc(stalledCommit, func() {
@@ -249,8 +244,11 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		s.log.Warn("the stalled commit ended", "took", time.Since(start).Round(time.Millisecond).String(), "committed", err == nil, "db", s.file.path)
 	}
 	if err == nil {
-		// A file removed or replaced during the commit: the batch is
-		// acknowledged only if it is in the file the log names.
+		// A file removed or replaced before or during the commit: the
+		// batch went to the file SQLite holds open, and is acknowledged
+		// only if it is in the saved file the log names. One look a
+		// commit, after it, is enough: the first commit after the change
+		// finds it.
 		if which := s.file.vanished(); which != "" && !s.saveVanished(w, which) {
 			refuse(s.lasting.Load())
 			return
