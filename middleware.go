@@ -236,7 +236,7 @@ func (o *refusedOrigins) note(r *http.Request, origin string) {
 // drops the Content-Length before a handler sees it, so which ones had
 // both cannot be told. No client of this API sends a chunked body (curl,
 // browsers and the generated clients send Content-Length), so each gets
-// 411 and its connection is closed unread: nothing behind it is answered.
+// 411 and its connection is closed: nothing behind it is read or answered.
 func refuseChunked(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(r.TransferEncoding) == 0 {

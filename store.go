@@ -566,13 +566,21 @@ func scanRows(rows *sql.Rows, limit int, fn func(*petRow)) (int, error) {
 	var r petRow
 	n := 0
 	for n < limit && rows.Next() {
-		if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
-			// The table is STRICT: a value that does not convert was not
-			// written by SQLite, so the file is damaged.
-			return n, &storageError{kind: faultDamaged, err: err}
+		if err := scanPet(rows, &r); err != nil {
+			return n, err
 		}
 		fn(&r)
 		n++
 	}
 	return n, rows.Err()
+}
+
+// scanPet reads the row rows is on (id, name, category_id, status) into r.
+func scanPet(rows *sql.Rows, r *petRow) error {
+	if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
+		// The table is STRICT: a value that does not convert was not
+		// written by SQLite, so the file is damaged.
+		return &storageError{kind: faultDamaged, err: err}
+	}
+	return nil
 }

@@ -218,9 +218,8 @@ func loadCatalogue(ctx context.Context, db *sql.DB) (*catalogue, changeCount, er
 	defer rows.Close()
 	var r petRow
 	for rows.Next() {
-		if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
-			// As in scanRows: a STRICT table holds no such value.
-			return nil, known, &storageError{kind: faultDamaged, err: err}
+		if err := scanPet(rows, &r); err != nil {
+			return nil, known, err
 		}
 		status := statusIndex(string(r.status))
 		if status < 0 || !c.add(r.id, r.name, r.categoryID, status) {
