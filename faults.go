@@ -511,7 +511,7 @@ func (s *petStore) ping() error {
 	done := make(chan error, 1)
 	go func() {
 		var one int
-		err := s.readers.QueryRow("SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
+		err := s.reader.QueryRow("SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
 		s.pinging.Store(false)
 		done <- err
 	}()

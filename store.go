@@ -1,7 +1,7 @@
 // The store: one SQLite file, its schema and migrations, the connections
-// (one writer, a pool of readers), and the reads. Creates go through the
+// (one writer, one reader), and the reads. Creates go through the
 // writer (writer.go); lists and gets are served from the in-memory view
-// (view.go) once it is loaded.
+// (view.go).
 
 package main
 
@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -125,6 +124,11 @@ var migrations = []string{
 				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_scope = NEW.idempotency_scope
 					AND idempotency_key = NEW.idempotency_key))
 		BEGIN UPDATE pets_changes SET changed = changed + 1; END;`,
+
+	// 6 -> 7: lists and gets are answered from the in-memory view, never
+	// from the file, so the status index only cost every insert the write
+	// of a second b-tree holding the name.
+	`DROP INDEX IF EXISTS pets_status_cover;`,
 }
 
 // topIDQuery is the highest id the file holds or has handed out
@@ -146,19 +150,10 @@ var ownTables = []string{"pets", "pets_changes", "sqlite_sequence"}
 // fighting over the file lock ("database is locked"); reads use a pool of
 // read-only connections that WAL lets run beside the writer.
 type petStore struct {
-	file    *dbFile
-	writer  *sql.DB // one connection, owned by the writer loop
-	readers *sql.DB // a pool of read-only connections
-	log     *slog.Logger
-
-	// Prepared once; database/sql prepares them again on each pooled
-	// reader connection the first time it runs them there. Nothing in
-	// them depends on a bound value for its plan: a bound LIMIT or status
-	// would make SQLite re-prepare the statement on every query, since
-	// the driver clears the bindings each time. So the page is cut in Go,
-	// and each status has its own statement.
-	getStmt, listStmt *sql.Stmt
-	listByStatusStmts [3]*sql.Stmt
+	file   *dbFile
+	writer *sql.DB // one connection, owned by the writer loop
+	reader *sql.DB // one read-only connection, for the health check
+	log    *slog.Logger
 
 	view  view       // lists and gets from memory (view.go)
 	queue writeQueue // creates on their way to the writer (writer.go)
@@ -241,9 +236,9 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	var writer, readers *sql.DB
+	var writer, reader *sql.DB
 	fail := func(err error) (*petStore, error) {
-		for _, db := range []*sql.DB{readers, writer} {
+		for _, db := range []*sql.DB{reader, writer} {
 			if db != nil {
 				db.Close()
 			}
@@ -267,15 +262,15 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	writer.SetMaxOpenConns(1)
 	writer.SetConnMaxIdleTime(0)
 	writer.SetConnMaxLifetime(0)
-	if readers, err = sql.Open(sqliteDriver, sqliteDSN(path, "_query_only=on")); err != nil {
+	// One reader connection, for the health check's read (lists and gets
+	// are answered from memory), opened here and kept like the writer's:
+	// no request then needs a descriptor the process may have run out of.
+	if reader, err = sql.Open(sqliteDriver, sqliteDSN(path, "_query_only=on")); err != nil {
 		return fail(err)
 	}
-	n := readerConns()
-	readers.SetMaxOpenConns(n)
-	readers.SetMaxIdleConns(n)
+	reader.SetMaxOpenConns(1)
 
-	s := &petStore{file: file, writer: writer, readers: readers, log: opts.log,
-		view:   view{loaded: make(chan loadedView, 1)},
+	s := &petStore{file: file, writer: writer, reader: reader, log: opts.log,
 		queue:  writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan struct{}), loopDone: make(chan struct{})},
 		faults: faultLog{log: opts.log, path: file.path}, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
 	if due {
@@ -283,31 +278,23 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 			return fail(err)
 		}
 	}
-	for _, p := range []struct {
-		stmt **sql.Stmt
-		sql  string
-	}{
-		{&s.getStmt, "SELECT id, name, category_id, status FROM pets WHERE id = ?"},
-		{&s.listStmt, "SELECT id, name, category_id, status FROM pets WHERE id > ? ORDER BY id"},
-		{&s.listByStatusStmts[0], "SELECT id, name, category_id, status FROM pets WHERE status = 'available' AND id > ? ORDER BY id"},
-		{&s.listByStatusStmts[1], "SELECT id, name, category_id, status FROM pets WHERE status = 'pending' AND id > ? ORDER BY id"},
-		{&s.listByStatusStmts[2], "SELECT id, name, category_id, status FROM pets WHERE status = 'sold' AND id > ? ORDER BY id"},
-	} {
-		if *p.stmt, err = readers.Prepare(p.sql); err != nil {
-			return fail(err)
-		}
-	}
-	if err := openAll(readers, n); err != nil {
+	// The read opens the -wal and -shm files too, which are then watched.
+	if err := reader.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
 		return fail(err)
 	}
 	file.noteOpened()
-	if err := readers.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
-		return fail(err)
-	}
 	w, err := newBatchWriter(writer)
 	if err != nil {
 		return fail(err)
 	}
+	// Before the first create, and before the service listens: a file
+	// damaged while the service was down is refused for writing, and
+	// reads are answered from memory from the first.
+	s.quickCheck(w)
+	w.inReadTx(func() error {
+		s.load(w, whyStart)
+		return nil
+	})
 	go s.writeLoop(w)
 	s.checkHealth()
 	go s.watchHealth(s.stopWatch, s.watchDone)
@@ -322,37 +309,6 @@ func readOnlyStartError(err error) error {
 	return fmt.Errorf("the database file or its filesystem is read-only, and to open it SQLite must write "+
 		"(switch a rollback-journal file to WAL, or create the -wal and -shm of a WAL file) (%v): "+
 		"make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)", err)
-}
-
-// readerConns is the size of the reader pool. More readers than cores: a
-// request waiting for a free connection parks and wakes a goroutine,
-// which costs more than an idle connection's few pages of cache.
-func readerConns() int { return max(8, 4*runtime.GOMAXPROCS(0)) }
-
-// openAll opens all n connections of a pool at start, and keeps them
-// (database/sql closes idle ones only past SetMaxIdleConns, which is n):
-// a pool that opened connections on demand would fail requests once the
-// process had run out of descriptors.
-func openAll(db *sql.DB, n int) error {
-	conns := make([]*sql.Conn, 0, n)
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for range cap(conns) {
-		c, err := db.Conn(context.Background())
-		if err != nil {
-			return err
-		}
-		// A read opens the -wal file too, which a connection keeps.
-		var n int
-		if err := c.QueryRowContext(context.Background(), "SELECT count(*) FROM sqlite_schema").Scan(&n); err != nil {
-			return err
-		}
-		conns = append(conns, c)
-	}
-	return nil
 }
 
 // inspect reads whose file this is and whether a migration is due. A
@@ -470,7 +426,7 @@ func (s *petStore) close() error {
 		// whose last close checkpoints: the process's exit lets go, and
 		// the next start recovers from the -wal (see storageFault).
 		if f := s.lasting.Load(); f == nil || f.kind != faultIO {
-			s.closeErr = errors.Join(s.readers.Close(), s.writer.Close())
+			s.closeErr = errors.Join(s.reader.Close(), s.writer.Close())
 		}
 		// The lock's descriptor goes last: closing it releases SQLite's
 		// POSIX locks on the file too.
@@ -490,33 +446,33 @@ type petRow struct {
 	status     sql.RawBytes
 }
 
+// catalogue is the view readers use, or why there is none: the lasting
+// fault that keeps it from loading, or a 503 that passes.
+func (s *petStore) catalogue() (*catalogue, error) {
+	if c := s.view.published.Load(); c != nil {
+		return c, nil
+	}
+	if f := s.lasting.Load(); f != nil {
+		return nil, f
+	}
+	return nil, &storageError{kind: faultNotAnswering, err: errors.New("the catalogue is not loaded")}
+}
+
 // getPet calls fn with the pet with the given id, or returns errNotFound.
 func (s *petStore) getPet(ctx context.Context, id int64, fn func(*petRow)) error {
-	var err error
-	if c := s.view.published.Load(); c == nil {
-		err = s.getPetFromSQLite(ctx, id, fn)
-	} else if !c.get(id, fn) {
-		err = errNotFound
+	c, err := s.catalogue()
+	if err != nil {
+		return err
+	}
+	if c.get(id, fn) {
+		return nil
 	}
 	// A file known to be unreadable or to have lost pets may hold the pet
 	// it did not give: that is no answer to give a client as a 404.
-	if f := s.lasting.Load(); errors.Is(err, errNotFound) && f != nil && f.kind.hidesPets() {
+	if f := s.lasting.Load(); f != nil && f.kind.hidesPets() {
 		return f
 	}
-	return err
-}
-
-// getPetFromSQLite is getPet read from the file.
-func (s *petStore) getPetFromSQLite(ctx context.Context, id int64, fn func(*petRow)) error {
-	rows, err := s.getStmt.QueryContext(boundedRead(ctx), id)
-	if err != nil {
-		return s.storageFault(err)
-	}
-	n, err := scanRows(rows, 1, fn)
-	if err == nil && n == 0 {
-		return errNotFound
-	}
-	return s.storageFault(err)
+	return errNotFound
 }
 
 // petFilter selects a page of the catalogue: pets with an id above after,
@@ -529,50 +485,12 @@ type petFilter struct {
 
 // listPets calls fn with each pet of the page that f selects, in order.
 func (s *petStore) listPets(ctx context.Context, f petFilter, fn func(*petRow)) error {
-	if c := s.view.published.Load(); c != nil {
-		c.list(f, fn)
-		return nil
-	}
-	return s.listPetsFromSQLite(ctx, f, fn)
-}
-
-// listPetsFromSQLite is listPets read from the file.
-func (s *petStore) listPetsFromSQLite(ctx context.Context, f petFilter, fn func(*petRow)) error {
-	stmt := s.listStmt
-	if f.status != "" {
-		stmt = s.listByStatusStmts[statusIndex(f.status)]
-	}
-	rows, err := stmt.QueryContext(boundedRead(ctx), f.after)
+	c, err := s.catalogue()
 	if err != nil {
-		return s.storageFault(err)
+		return err
 	}
-	_, err = scanRows(rows, f.limit, fn)
-	return s.storageFault(err)
-}
-
-// boundedRead detaches a read from the request's cancellation. The reads
-// are index seeks of at most maxLimit+1 rows and finish in well under a
-// millisecond; a cancellable context would cost a watcher goroutine per
-// query in database/sql and in the driver, to interrupt nothing. The
-// request's values stay available.
-func boundedRead(ctx context.Context) context.Context {
-	return context.WithoutCancel(ctx)
-}
-
-// scanRows calls fn with each row, up to limit of them, and closes rows;
-// it returns how many rows there were.
-func scanRows(rows *sql.Rows, limit int, fn func(*petRow)) (int, error) {
-	defer rows.Close()
-	var r petRow
-	n := 0
-	for n < limit && rows.Next() {
-		if err := scanPet(rows, &r); err != nil {
-			return n, err
-		}
-		fn(&r)
-		n++
-	}
-	return n, rows.Err()
+	c.list(f, fn)
+	return nil
 }
 
 // scanPet reads the row rows is on (id, name, category_id, status) into r.

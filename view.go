@@ -8,15 +8,13 @@
 // immutable snapshot through one atomic pointer. Readers never wait on the
 // writer. A write from outside the process (an operator's sqlite3 shell, a
 // restore) is seen through a change count that triggers keep (see
-// catchUp): appends are read in, anything else rebuilds the view in the
-// background while creates go on.
+// catchUp), and the view is loaded again.
 
 package main
 
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -130,10 +128,6 @@ func (c *catalogue) bytes() int {
 	return n
 }
 
-// errViewUnloadable: the file holds rows out of order or with an unknown
-// status, which the view cannot hold; reads then go to SQLite.
-var errViewUnloadable = errors.New("the pets table cannot be held in memory as it is")
-
 // changeCount is the pets_changes row, kept by triggers on pets: how many
 // rows were ever inserted, and how many updated or deleted, by anyone.
 // Unlike PRAGMA data_version, it moves only for the pets table, not for
@@ -143,40 +137,24 @@ type changeCount struct{ inserted, changed int64 }
 // view is the writer's side of the in-memory catalogue. Every field but
 // published belongs to the writer loop.
 type view struct {
-	// published is what readers use; nil while the view is being loaded
-	// or rebuilt, and then reads go to SQLite: never to a view known to
-	// be behind the file.
+	// published is what readers use; nil until a load has worked, and
+	// after one failed: reads then get a 503, never a view known to be
+	// behind the file.
 	published atomic.Pointer[catalogue]
 	// master is the writer's copy, appended to and then published as a
-	// new snapshot; nil while a load runs.
+	// new snapshot; nil when published is.
 	master *catalogue
 	// known is the change count that master reflects: the file has
 	// changed under it when the count in the file differs, after the
 	// writer's own inserts are counted.
-	known changeCount
-
-	// A load runs in the background, on a reader connection, and lands
-	// in the writer loop through loaded; reload asks for another, since
-	// the file changed again while it ran.
-	loading, reload bool
-	loaded          chan loadedView
-	cancelLoad      context.CancelFunc
-	failedAt        time.Time // when a load last failed
-	lastFailure     string    // why, so a failure that stays is logged once
-	loads           int       // loads so far, the first included, for the log
+	known    changeCount
+	loads    int       // loads so far, the first included, for the log
+	failedAt time.Time // when a load last failed; tried again 10 s on
 
 	// highWater is the highest id the file has held while the service
 	// ran: at start, or acknowledged since. A file whose ids no longer
 	// reach it went back (see checkWentBack).
 	highWater int64
-}
-
-// loadedView is a load's outcome.
-type loadedView struct {
-	c     *catalogue
-	known changeCount
-	took  time.Duration
-	err   error
 }
 
 // publish makes the master's current state what readers see.
@@ -185,20 +163,23 @@ func (v *view) publish() {
 	v.published.Store(&snapshot)
 }
 
+// queryer is what loadCatalogue reads through: the writer's connection,
+// inside a transaction.
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
 // loadCatalogue reads the whole table, with the change count it
-// reflects, in one read transaction, so no commit falls between the two.
-func loadCatalogue(ctx context.Context, db *sql.DB) (*catalogue, changeCount, error) {
+// reflects. It runs inside a transaction, so no commit falls between the
+// two.
+func loadCatalogue(ctx context.Context, q queryer) (*catalogue, changeCount, error) {
 	var known changeCount
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, known, err
-	}
-	defer tx.Rollback()
 	var count, nameBytes int
-	if err := tx.QueryRowContext(ctx, "SELECT inserted, changed FROM pets_changes").Scan(&known.inserted, &known.changed); err != nil {
+	if err := q.QueryRowContext(ctx, "SELECT inserted, changed FROM pets_changes").Scan(&known.inserted, &known.changed); err != nil {
 		return nil, known, err
 	}
-	if err := tx.QueryRowContext(ctx, "SELECT count(*), coalesce(sum(length(CAST(name AS BLOB))), 0) FROM pets").Scan(&count, &nameBytes); err != nil {
+	if err := q.QueryRowContext(ctx, "SELECT count(*), coalesce(sum(length(CAST(name AS BLOB))), 0) FROM pets").Scan(&count, &nameBytes); err != nil {
 		return nil, known, err
 	}
 	// Sized for what is there and an eighth more, so the first appends do
@@ -211,7 +192,7 @@ func loadCatalogue(ctx context.Context, db *sql.DB) (*catalogue, changeCount, er
 		names:      make([]byte, 0, nameBytes+nameBytes/8+32<<10),
 		statuses:   make([]uint8, 0, room),
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT id, name, category_id, status FROM pets ORDER BY id")
+	rows, err := q.QueryContext(ctx, "SELECT id, name, category_id, status FROM pets ORDER BY id")
 	if err != nil {
 		return nil, known, err
 	}
@@ -224,8 +205,8 @@ func loadCatalogue(ctx context.Context, db *sql.DB) (*catalogue, changeCount, er
 		status := statusIndex(string(r.status))
 		if status < 0 || !c.add(r.id, r.name, r.categoryID, status) {
 			// The CHECK constraint and ORDER BY make this impossible for a
-			// sound file; a file that breaks them is served from SQLite.
-			return nil, known, errViewUnloadable
+			// sound file.
+			return nil, known, &storageError{kind: faultDamaged, err: fmt.Errorf("pet %d breaks the table's rules", r.id)}
 		}
 	}
 	return c, known, rows.Err()
@@ -257,14 +238,11 @@ func (v *view) limitMemory() {
 // below it the default doubling costs little.
 const minLimitedView = 16 << 20
 
-// add appends committed pets and publishes them. It reports false, and
-// leaves the master as it was, when they do not all come after its last
-// id: the view must then be rebuilt.
+// add appends committed pets and publishes them. It reports false when
+// there is no master, or they do not all come after its last id: the
+// view must then be loaded again.
 func (v *view) add(pets []Pet) bool {
 	if v.master == nil {
-		return false
-	}
-	if n := len(v.master.ids); n > 0 && len(pets) > 0 && pets[0].ID <= v.master.ids[n-1] {
 		return false
 	}
 	grown := cap(v.master.ids)
@@ -286,14 +264,6 @@ func (v *view) add(pets []Pet) bool {
 	return true
 }
 
-// lastID is the highest id in the master, 0 when it is empty.
-func (c *catalogue) lastID() int64 {
-	if len(c.ids) == 0 {
-		return 0
-	}
-	return c.ids[len(c.ids)-1]
-}
-
 // countAbove counts the pets with an id above top, and gives the lowest
 // and highest of them.
 func (c *catalogue) countAbove(top int64) (n, lo, hi int64) {
@@ -308,98 +278,55 @@ func (c *catalogue) countAbove(top int64) (n, lo, hi int64) {
 // connection committed to the file, to bring the view up to date.
 const externalWriteCheck = 250 * time.Millisecond
 
-// maxCaughtUp is the most outside appends read in the writer's path; a
-// larger import is loaded in the background instead.
-const maxCaughtUp = 4096
-
-// startLoad builds the view afresh in the background from a reader
-// connection, while creates go on committing. Reads go to SQLite until it
-// lands and has caught up (landLoad).
-func (s *petStore) startLoad(why string) {
+// load reads the view afresh, in the writer's transaction, and publishes
+// it. It runs in the writer loop, so no create commits meanwhile, and
+// readers keep the snapshot they had until the new one is published: a
+// client still reads its own writes. Pets are never changed by the
+// service, so a load is rare: at start, and after a change made from
+// outside (an operator's sqlite3, a restore).
+func (s *petStore) load(w *batchWriter, why string) {
 	v := &s.view
-	v.published.Store(nil)
-	v.master = nil
-	if v.loading {
-		v.reload = true
-		return
-	}
-	v.loading, v.reload = true, false
 	v.loads++
-	if v.loads > 1 && why != whyRetry {
+	if v.loads > 1 {
 		s.log.Info("in-memory view is rebuilt", "why", why, "db", s.file.path)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	v.cancelLoad = cancel
-	go func() {
-		start := time.Now()
-		c, known, err := loadCatalogue(ctx, s.readers)
-		v.loaded <- loadedView{c: c, known: known, took: time.Since(start), err: err}
-	}()
+	start := time.Now()
+	c, known, err := loadCatalogue(context.Background(), w.conn)
+	if err != nil {
+		v.published.Store(nil)
+		v.master, v.failedAt = nil, time.Now()
+		if _, fault := classifyFault(s.storageFault(err)); !fault || s.lasting.Load() == nil {
+			s.log.Warn("the in-memory view could not be loaded: lists and gets are answered 503 until it is; it is tried again every 10 s", "err", err.Error(), "db", s.file.path)
+		}
+		return
+	}
+	v.master, v.known = c, known
+	v.publish()
+	v.limitMemory()
+	s.log.Info("in-memory view loaded", "pets", len(c.ids), "bytes", c.bytes(), "took", time.Since(start).Round(time.Millisecond).String())
 }
 
 // Why a load starts, for the log.
 const (
 	whyStart   = "start"
 	whyRetry   = "an earlier load failed"
-	whyOutside = "the pets table changed from outside the service: rows updated, deleted, replaced, or inserted below the last id"
-	whyAgain   = "the pets table changed from outside again while the view loaded"
-	whyUnsound = "the view could not be brought up to date"
+	whyOutside = "the pets table changed from outside the service"
 )
 
-// landLoad takes a finished load into the writer loop, catches it up with
-// what was committed while it ran, and publishes it.
-func (s *petStore) landLoad(w *batchWriter, l loadedView) {
-	v := &s.view
-	v.loading = false
-	v.cancelLoad()
-	if v.reload {
-		s.startLoad(whyAgain)
-		return
-	}
-	if l.err != nil {
-		v.failedAt = time.Now()
-		s.storageFault(l.err)
-		// Tried again every 10 s; said again only when the cause changes.
-		if msg := l.err.Error(); msg != v.lastFailure {
-			v.lastFailure = msg
-			s.log.Warn("lists and gets are read from SQLite: the in-memory view could not be loaded; it is tried again every 10 s", "err", msg, "db", s.file.path)
-		}
-		return
-	}
-	v.lastFailure = ""
-	v.master, v.known = l.c, l.known
-	// Everything committed while it loaded is read in, however much: the
-	// service's own creates go on during a load.
-	s.syncView(w, math.MaxInt32)
-	if v.master == nil {
-		return // the file changed in a way that needs another load
-	}
-	v.publish()
-	v.limitMemory()
-	s.log.Info("in-memory view loaded", "pets", len(v.master.ids), "bytes", v.master.bytes(),
-		"took", l.took.Round(time.Millisecond).String())
-}
-
 // syncView brings the view up to date with the file, in a read
-// transaction of the writer's connection, outside any commit, reading in
-// at most limit appended rows.
-func (s *petStore) syncView(w *batchWriter, limit int) {
-	if err := w.inReadTx(func() error { return s.catchUp(w, limit) }); err != nil {
-		if _, ok := classifyFault(err); !ok {
-			s.log.Warn("in-memory view could not be brought up to date; it is rebuilt", "err", err.Error(), "db", s.file.path)
-		}
-		s.startLoad(whyUnsound)
+// transaction of the writer's connection, outside any commit.
+func (s *petStore) syncView(w *batchWriter) {
+	if err := w.inReadTx(func() error { return s.catchUp(w) }); err != nil {
+		s.storageFault(err)
 	}
 }
 
 // catchUp compares the file's change count with the one the view knows,
 // inside a transaction of the writer's connection: in a commit, before
-// its inserts, so no outside change is passed over. Outside appends are
-// read and added; any other change (an update, a delete, a restore)
-// starts a rebuild. A file that went back is refused: checkWentBack.
-// At most limit appended rows are read in; more are loaded in the
-// background instead.
-func (s *petStore) catchUp(w *batchWriter, limit int) error {
+// its inserts, so no outside change is passed over. Any change, an
+// append included, loads the view again. A file that went back is
+// refused: checkWentBack.
+func (s *petStore) catchUp(w *batchWriter) error {
 	v := &s.view
 	cur, err := w.changeCount()
 	if err != nil {
@@ -411,24 +338,15 @@ func (s *petStore) catchUp(w *batchWriter, limit int) error {
 	if v.master != nil && cur == v.known {
 		return nil
 	}
-	if err := s.checkWentBack(w); err != nil {
-		return err
+	// A file that went back is loaded too: reads serve what it holds.
+	wentBack := s.checkWentBack(w)
+	switch {
+	case v.master != nil:
+		s.load(w, whyOutside)
+	case s.lasting.Load() == nil && time.Since(v.failedAt) > 10*time.Second:
+		s.load(w, whyRetry)
 	}
-	if v.master == nil {
-		return nil // a load is on its way, and catches up when it lands
-	}
-	if added := cur.inserted - v.known.inserted; cur.changed == v.known.changed && added > 0 && added <= int64(limit) {
-		pets, err := w.petsAfter(v.master.lastID(), limit)
-		if err != nil {
-			return err
-		}
-		if int64(len(pets)) == added && v.add(pets) {
-			v.known = cur
-			return nil
-		}
-	}
-	s.startLoad(whyOutside)
-	return nil
+	return wentBack
 }
 
 // checkWentBack refuses creates, until a restart, once the file's ids no

@@ -155,16 +155,6 @@ const checkpointEvery = 200
 func (s *petStore) writeLoop(w *batchWriter) {
 	defer close(s.queue.loopDone)
 	defer func() { w.close() }()
-	s.quickCheck(w)
-	// The view loads in the background; reads go to SQLite until it is
-	// ready, so a large file answers at once too.
-	s.startLoad(whyStart)
-	defer func() {
-		if s.view.loading {
-			s.view.cancelLoad()
-			<-s.view.loaded
-		}
-	}()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	watch := time.NewTicker(externalWriteCheck)
@@ -193,14 +183,9 @@ func (s *petStore) writeLoop(w *batchWriter) {
 		case done := <-s.queue.probes:
 			s.probeWrite(&w)
 			done <- struct{}{}
-		case l := <-s.view.loaded:
-			s.landLoad(w, l)
 		case <-watch.C:
-			if w.externalWrite() {
-				s.syncView(w, maxCaughtUp)
-			}
-			if v := &s.view; v.master == nil && !v.loading && time.Since(v.failedAt) > 10*time.Second {
-				s.startLoad(whyRetry)
+			if w.externalWrite() || s.view.master == nil {
+				s.syncView(w)
 			}
 		case <-tick.C:
 			// Also when idle, a file deleted or replaced under the service
@@ -238,7 +223,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	})
 	// Inside the transaction, before its inserts: the view catches up
 	// with any outside change, and a file that went back is refused.
-	results, err := w.commit(batch, func() error { return s.catchUp(w, maxCaughtUp) }, s.view.highWater)
+	results, err := w.commit(batch, func() error { return s.catchUp(w) }, s.view.highWater)
 	s.commitStart.Store(0)
 	if !stalled.Stop() {
 		s.log.Warn("the stalled commit ended", "took", time.Since(start).Round(time.Millisecond).String(), "committed", err == nil, "db", s.file.path)
@@ -302,9 +287,9 @@ func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []wr
 		s.faults.succeeded()
 		w.commits++
 	}
-	if s.view.master != nil && !s.view.add(added) {
-		s.startLoad(whyUnsound)
-	}
+	// A view that cannot take them (none was loaded) is loaded again by
+	// the writer loop's next look.
+	s.view.add(added)
 	for i, r := range batch {
 		r.done <- results[i]
 	}
@@ -387,7 +372,7 @@ type batchWriter struct {
 	conn                      *sql.Conn
 	findKey, insert           *sql.Stmt
 	beginTx, commitTx, rollTx *sql.Stmt
-	beginRead, changes, after *sql.Stmt
+	beginRead, changes        *sql.Stmt
 	dataVersion               int64 // PRAGMA data_version when last asked
 	commits                   int   // commits since the last checkpoint
 }
@@ -421,7 +406,6 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 		{&w.rollTx, "ROLLBACK"},
 		{&w.beginRead, "BEGIN DEFERRED"},
 		{&w.changes, "SELECT inserted, changed FROM pets_changes"},
-		{&w.after, "SELECT id, name, category_id, status FROM pets WHERE id > ? ORDER BY id LIMIT ?"},
 	} {
 		if *st.stmt, err = conn.PrepareContext(ctx, st.text); err != nil {
 			w.close()
@@ -433,7 +417,7 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 
 // close closes the statements and gives the connection back to its pool.
 func (w *batchWriter) close() {
-	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx, w.beginRead, w.changes, w.after} {
+	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx, w.beginRead, w.changes} {
 		if stmt != nil {
 			stmt.Close()
 		}
@@ -583,19 +567,6 @@ func (w *batchWriter) topID() (int64, error) {
 	var top int64
 	err := w.conn.QueryRowContext(context.Background(), topIDQuery).Scan(&top)
 	return top, err
-}
-
-// petsAfter reads the pets above id, in order, at most limit+1.
-func (w *batchWriter) petsAfter(id int64, limit int) ([]Pet, error) {
-	rows, err := w.after.QueryContext(context.Background(), id, limit+1)
-	if err != nil {
-		return nil, err
-	}
-	var pets []Pet
-	_, err = scanRows(rows, limit+1, func(r *petRow) {
-		pets = append(pets, Pet{ID: r.id, Name: string(r.name), CategoryID: r.categoryID, Status: string(r.status)})
-	})
-	return pets, err
 }
 
 // insertPet does one create inside the batch's transaction. The key lookup
