@@ -197,15 +197,23 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 	return pets, nil
 }
 
-// checkBackup checks a copy before it is called a backup, and counts its
-// pets. It opens the copy read-only and without our DSN options, which
-// would turn it into a WAL database with -wal and -shm files beside it.
+// checkBackup checks a copy before it is called a backup, or put back,
+// and counts its pets: a petstore file, whole. It opens the copy
+// read-only and without our DSN options, which would turn it into a WAL
+// database with -wal and -shm files beside it.
 func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 	out, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
 	if err != nil {
 		return 0, err
 	}
 	defer out.Close()
+	var appID int64
+	if err := out.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
+		return 0, fmt.Errorf("check backup: %w", err)
+	}
+	if appID != petstoreApplicationID {
+		return 0, fmt.Errorf("check backup: not a petstore database (SQLite application_id %#x)", appID)
+	}
 	var check string
 	if err := out.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&check); err != nil {
 		return 0, fmt.Errorf("check backup: %w", err)
@@ -256,9 +264,6 @@ func runRestore(ctx context.Context, args []string, getenv func(string) string, 
 // -wal and -shm, and renames the copy over db, so db is at every moment
 // either the old file or the whole backup.
 func restoreDatabase(ctx context.Context, from, db string) (pets int64, err error) {
-	if err := checkPetstoreFile(ctx, from); err != nil {
-		return 0, fmt.Errorf("backup %s: %w", from, err)
-	}
 	if pets, err = checkBackup(ctx, from); err != nil {
 		return 0, err
 	}
@@ -304,21 +309,4 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 		return 0, err
 	}
 	return pets, syncPath(filepath.Dir(db))
-}
-
-// checkPetstoreFile refuses a file that is not a petstore database.
-func checkPetstoreFile(ctx context.Context, path string) error {
-	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	var appID int64
-	if err := db.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
-		return err
-	}
-	if appID != petstoreApplicationID {
-		return fmt.Errorf("not a petstore database (SQLite application_id %#x)", appID)
-	}
-	return nil
 }

@@ -203,9 +203,9 @@ func TestRestore(t *testing.T) {
 	}
 	os.WriteFile(damaged, data, 0o600)
 	for _, tt := range []struct{ from, want string }{
-		{foreign, "restore: backup " + foreign + ": not a petstore database (SQLite application_id 0x0)"},
+		{foreign, "restore: check backup: not a petstore database (SQLite application_id 0x0)"},
 		{damaged, "restore: check backup: "},
-		{filepath.Join(dir, "missing.db"), "restore: backup " + filepath.Join(dir, "missing.db") + ": "},
+		{filepath.Join(dir, "missing.db"), "restore: check backup: "},
 	} {
 		if _, err := restore(db, tt.from); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
 			t.Errorf("restore -from %s: %v, want %q...", filepath.Base(tt.from), err, tt.want)

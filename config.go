@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math"
 	"net"
 	"net/url"
 	"os"
@@ -36,7 +35,6 @@ type config struct {
 	logLevel          slog.Level
 	corsOrigins       []string
 	maxConns          int
-	rateLimit         rateLimit // zero: off
 	version           bool
 	// variables maps each flag to its environment variable; the
 	// PETSTORE_ variables set that none reads are in unknownVariables.
@@ -140,13 +138,11 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	f.duration(&c.idleTimeout, "idle-timeout", "PETSTORE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive connection is kept")
 	f.int(&c.maxHeaderBytes, "max-header-bytes", "PETSTORE_MAX_HEADER_BYTES", 16<<10, "16384", "largest request header block, in bytes, an `int`")
 	f.string(&c.logFormat, "log-format", "PETSTORE_LOG_FORMAT", "text", "log `format`: text or json")
-	var level, origins, rate, burst string
+	var level, origins string
 	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log `level`: debug, info (one line per request), warn or error")
 	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)")
 	f.int(&c.maxConns, "max-conns", "PETSTORE_MAX_CONNS", defaultMaxConns(), "", fmt.Sprintf(
 		"most client connections open at once, an `int` (default: 4096, or the descriptor limit less room for the database if lower; here %d)", defaultMaxConns()))
-	f.string(&rate, "rate-limit", "PETSTORE_RATE_LIMIT", "", "requests per API key, a `rate` such as 50/s, 3000/m or 100000/h; off when empty")
-	f.string(&burst, "rate-burst", "PETSTORE_RATE_BURST", "", "requests a key may send at once before the rate applies, an `int` (default: the rate's count, 50 for 50/s)")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	c.variables = f.vars
 	err := fs.Parse(args[1:])
@@ -190,9 +186,6 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return c, fmt.Errorf("-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got %q", level)
 	}
-	if c.rateLimit, err = parseRateLimit(rate, burst); err != nil {
-		return c, err
-	}
 	for _, o := range strings.Split(origins, ",") {
 		if o = strings.TrimSpace(o); o == "" {
 			continue
@@ -235,39 +228,6 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// rateLimit is -rate-limit and -rate-burst: a token bucket per API key.
-type rateLimit struct {
-	perSecond float64 // 0: off
-	burst     int     // the bucket's size
-	window    int     // seconds for the burst to refill, for RateLimit-Policy
-}
-
-// parseRateLimit reads "N/s", "N/m" or "N/h" and an optional burst; ""
-// is off. The burst defaults to N: "100/m" lets a key send 100 at once,
-// then one every 0.6 s.
-func parseRateLimit(rate, burst string) (rateLimit, error) {
-	if rate == "" || rate == "off" {
-		if burst != "" {
-			return rateLimit{}, errors.New("-rate-burst (PETSTORE_RATE_BURST) needs -rate-limit (PETSTORE_RATE_LIMIT)")
-		}
-		return rateLimit{}, nil
-	}
-	count, unit, _ := strings.Cut(rate, "/")
-	n, err := strconv.Atoi(count)
-	seconds := map[string]int{"s": 1, "m": 60, "h": 3600}[unit]
-	if err != nil || n < 1 || seconds == 0 {
-		return rateLimit{}, fmt.Errorf("-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got %q", rate)
-	}
-	l := rateLimit{perSecond: float64(n) / float64(seconds), burst: n}
-	if burst != "" {
-		if l.burst, err = strconv.Atoi(burst); err != nil || l.burst < 1 {
-			return rateLimit{}, fmt.Errorf("-rate-burst (PETSTORE_RATE_BURST) must be a positive integer, got %q", burst)
-		}
-	}
-	l.window = int(math.Ceil(float64(l.burst) / l.perSecond))
-	return l, nil
-}
-
 // flagAliases are names people reach for, and the flag that does it.
 var flagAliases = map[string]string{
 	"port": "addr", "listen": "addr", "host": "addr", "bind": "addr", "address": "addr",
@@ -275,7 +235,6 @@ var flagAliases = map[string]string{
 	"keys-file": "api-keys-file", "key-file": "tls-key", "tls-key-file": "tls-key",
 	"cert": "tls-cert", "tls": "tls-cert", "certificate": "tls-cert", "tls-certificate": "tls-cert", "cert-file": "tls-cert",
 	"cors": "cors-origins", "origins": "cors-origins", "verbose": "log-level", "debug": "log-level",
-	"rate": "rate-limit", "limit": "rate-limit", "burst": "rate-burst",
 	"max-connections": "max-conns", "connections": "max-conns", "conns": "max-conns",
 	"v": "version",
 }

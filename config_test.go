@@ -11,37 +11,6 @@ import (
 	"testing"
 )
 
-// TestParseRateLimit holds the flag's forms and messages.
-func TestParseRateLimit(t *testing.T) {
-	for _, tc := range []struct {
-		rate, burst string
-		want        rateLimit
-		err         string
-	}{
-		{"", "", rateLimit{}, ""},
-		{"50/s", "", rateLimit{perSecond: 50, burst: 50, window: 1}, ""},
-		{"50/s", "200", rateLimit{perSecond: 50, burst: 200, window: 4}, ""},
-		{"3000/m", "", rateLimit{perSecond: 50, burst: 3000, window: 60}, ""},
-		{"3600/h", "10", rateLimit{perSecond: 1, burst: 10, window: 10}, ""},
-		{"50", "", rateLimit{}, `-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got "50"`},
-		{"0/s", "", rateLimit{}, `-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got "0/s"`},
-		{"5/d", "", rateLimit{}, `-rate-limit (PETSTORE_RATE_LIMIT) must be a count per s, m or h, such as 50/s or 3000/m, got "5/d"`},
-		{"5/s", "0", rateLimit{}, `-rate-burst (PETSTORE_RATE_BURST) must be a positive integer, got "0"`},
-		{"", "5", rateLimit{}, `-rate-burst (PETSTORE_RATE_BURST) needs -rate-limit (PETSTORE_RATE_LIMIT)`},
-	} {
-		got, err := parseRateLimit(tc.rate, tc.burst)
-		if tc.err != "" {
-			if err == nil || err.Error() != tc.err {
-				t.Errorf("parseRateLimit(%q, %q) = %v, want error %q", tc.rate, tc.burst, err, tc.err)
-			}
-			continue
-		}
-		if err != nil || got != tc.want {
-			t.Errorf("parseRateLimit(%q, %q) = %+v, %v; want %+v", tc.rate, tc.burst, got, err, tc.want)
-		}
-	}
-}
-
 // TestCommandLines: every command answers -h on stdout and exits 0, usage
 // names the program petstore, and backup takes its flags in either order.
 func TestCommandLines(t *testing.T) {
@@ -57,7 +26,7 @@ func TestCommandLines(t *testing.T) {
 	var help bytes.Buffer
 	run(context.Background(), []string{"petstore", "-h"}, env, &help, io.Discard)
 	for _, want := range []string{"\n  -addr host:port\n", "\n  -idle-timeout duration\n", "(default 2m0s)", "\n  -max-header-bytes int\n",
-		"\n  -cors-origins origins\n", "\n  -rate-limit rate\n", "\n  -db file\n"} {
+		"\n  -cors-origins origins\n", "\n  -db file\n"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("-h lacks %q:\n%s", want, help.String())
 		}
@@ -81,7 +50,7 @@ func TestUnknownVariables(t *testing.T) {
 	logs := &syncBuffer{}
 	cmd := exec.Command(petstoreBinary(t), "-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "pets.db"))
 	cmd.Env = binaryEnv("PETSTORE_API_KEYS="+testKey, "PETSTORE_PORT=8080", "PETSTORE_API_KEY=x", "PETSTORE_DB_FILE=pets.db", "PETSTORE_COLOUR=red",
-		"PETSTORE_TLS_CERTIFICATE=cert.pem", "PETSTORE_RATE=5/s")
+		"PETSTORE_TLS_CERTIFICATE=cert.pem", "PETSTORE_MAX_CONN=5")
 	cmd.Stderr = logs
 	must(t, cmd.Start())
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
@@ -91,7 +60,7 @@ func TestUnknownVariables(t *testing.T) {
 		`level=WARN msg="environment variable not read by petstore: it has no effect" name=PETSTORE_COLOUR`,
 		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_DB\?" name=PETSTORE_DB_FILE`,
 		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_ADDR\?" name=PETSTORE_PORT`,
-		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_RATE_LIMIT\?" name=PETSTORE_RATE`,
+		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_MAX_CONNS\?" name=PETSTORE_MAX_CONN`,
 		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_TLS_CERT\?" name=PETSTORE_TLS_CERTIFICATE`,
 	} {
 		if n := countLines(logs, want); n != 1 {

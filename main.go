@@ -147,7 +147,7 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr
 		return nil, err
 	}
 	s.api = &server{store: s.store, keys: s.keys, log: log, corsOrigins: cfg.corsOrigins,
-		createWithin: createDeadline(cfg.writeTimeout), limiter: newRateLimiter(cfg.rateLimit), guard: newAuthGuard(log)}
+		createWithin: createDeadline(cfg.writeTimeout), guard: newAuthGuard(log)}
 	s.srv = &http.Server{
 		Handler:           s.ln.serving(newHandler(s.api)),
 		TLSConfig:         tlsConfig,

@@ -1,17 +1,15 @@
 // The middleware a request meets on its way to a handler, in the order
 // newHandler chains them: secure headers, request id and access log,
-// panic recovery, CORS, clean paths; then, per route, the rate limit
-// and the deprecation headers.
+// panic recovery, CORS, clean paths; then, per route, the deprecation
+// headers.
 
 package main
 
 import (
 	"context"
 	"encoding/hex"
-	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	mathrand "math/rand/v2"
 	"net/http"
 	"net/url"
@@ -19,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -56,7 +53,7 @@ func infoOf(ctx context.Context) (info *requestInfo, ok bool) {
 }
 
 // noteKeyID records which key a request sent, for the access log and the
-// rate limit.
+// Idempotency-Key's scope.
 func noteKeyID(r *http.Request, d keyDigest) {
 	info, _ := infoOf(r.Context())
 	info.key, info.hasKey = d, true
@@ -270,86 +267,6 @@ func rejectUncleanPaths(next http.Handler) http.Handler {
 		}
 		if p != clean {
 			notFound(w, r)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// rateLimiter keeps one token bucket per API key, so one runaway script
-// cannot take all the capacity from the other clients. Buckets are keyed
-// by the key's digest, never its text, and only valid keys get one (a
-// wrong key is answered 401 before), so memory is bounded by the keys
-// configured; a bucket that has refilled is the same as none and is
-// dropped.
-type rateLimiter struct {
-	rate    rateLimit
-	policy  []string // the RateLimit-Policy value
-	mu      sync.Mutex
-	buckets map[keyDigest]*tokenBucket
-	takes   int
-}
-
-type tokenBucket struct {
-	tokens float64
-	at     time.Time
-}
-
-// newRateLimiter returns nil when the limit is off.
-func newRateLimiter(l rateLimit) *rateLimiter {
-	if l.perSecond == 0 {
-		return nil
-	}
-	return &rateLimiter{rate: l, buckets: map[keyDigest]*tokenBucket{},
-		policy: []string{fmt.Sprintf(`"per-key";q=%d;w=%d`, l.burst, l.window)}}
-}
-
-// take spends a token of the key's bucket. It returns whether the request
-// may go on, the tokens left, and the seconds until the bucket is full
-// (allowed) or holds a token again (refused).
-func (l *rateLimiter) take(key keyDigest, now time.Time) (ok bool, left int, wait int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	burst := float64(l.rate.burst)
-	if l.takes++; l.takes%1024 == 0 {
-		for k, b := range l.buckets {
-			if b.tokens+now.Sub(b.at).Seconds()*l.rate.perSecond >= burst {
-				delete(l.buckets, k)
-			}
-		}
-	}
-	b := l.buckets[key]
-	if b == nil {
-		b = &tokenBucket{tokens: burst, at: now}
-		l.buckets[key] = b
-	}
-	b.tokens = min(burst, b.tokens+now.Sub(b.at).Seconds()*l.rate.perSecond)
-	b.at = now
-	if b.tokens < 1 {
-		return false, 0, int(math.Ceil((1 - b.tokens) / l.rate.perSecond))
-	}
-	b.tokens--
-	return true, int(b.tokens), int(math.Ceil((burst - b.tokens) / l.rate.perSecond))
-}
-
-// limit answers 429 to a key over its rate, and marks every answer with
-// the IETF RateLimit-Policy and RateLimit fields
-// (draft-ietf-httpapi-ratelimit-headers). It runs after the key check, so
-// only valid keys are counted. A nil limiter lets everything through.
-func (l *rateLimiter) limit(next http.Handler) http.Handler {
-	if l == nil {
-		return next
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		info, _ := infoOf(r.Context())
-		ok, left, wait := l.take(info.key, time.Now())
-		h := w.Header()
-		h["Ratelimit-Policy"] = l.policy
-		h["Ratelimit"] = []string{`"per-key";r=` + strconv.Itoa(left) + ";t=" + strconv.Itoa(wait)}
-		if !ok {
-			h["Retry-After"] = []string{strconv.Itoa(wait)}
-			writeError(w, http.StatusTooManyRequests, codeRateLimited,
-				fmt.Sprintf("rate limit of this API key exceeded (%d requests, refilled over %d s); retry after %d s", l.rate.burst, l.rate.window, wait))
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -23,7 +23,6 @@ type server struct {
 	// createWithin is how long a create may take before it must be
 	// answered (see createDeadline); 0: no bound.
 	createWithin time.Duration
-	limiter      *rateLimiter // nil: no rate limit
 	// guard answers 429 to an address that fails authentication too
 	// often; nil: none.
 	guard *authGuard
@@ -58,7 +57,7 @@ func (s *server) routes() []route {
 func newHandler(s *server) http.Handler {
 	mux := http.NewServeMux()
 	keyed := func(h http.Handler) http.Handler {
-		return requireAPIKey(s.keys, s.guard, noteKeyID, s.limiter.limit(h))
+		return requireAPIKey(s.keys, s.guard, noteKeyID, h)
 	}
 	wrap := func(r route, h http.Handler) http.Handler {
 		if !r.public {
@@ -102,7 +101,7 @@ func newHandler(s *server) http.Handler {
 
 	// Built inside out; a request meets them in the order of this file:
 	// secureHeaders, logRequests, recoverPanics, cors, rejectUncleanPaths,
-	// the mux, then requireAPIKey, the rate limit and deprecated on the
+	// the mux, then requireAPIKey and deprecated on the
 	// routes that want them.
 	h := refuseChunked(rejectUncleanPaths(mux))
 	h = cors(s.corsOrigins, s.log, mux, methods, h)
