@@ -155,37 +155,15 @@ func (w *logWriter) close(wait time.Duration) {
 // cannot flood the log; a key held back by that limit is not marked as
 // logged, so it shows at its next occurrence once the flood thins.
 type logLimiter struct {
-	period time.Duration
-	max    int
-
-	mu     sync.Mutex
-	seen   map[string]*limitedLine
-	budget lineBudget
-}
-
-// lineBudget lets at most perMinute lines through a minute (any number
-// when perMinute is 0), and counts those it holds back.
-type lineBudget struct {
+	period    time.Duration
+	max       int
 	perMinute int
-	minute    time.Time // start of the minute the lines count in
-	used      int       // lines let through in it
-	heldBack  int       // lines held back since the owner last reset it
-}
 
-// take spends one of the minute's lines, if any is left.
-func (b *lineBudget) take(now time.Time) bool {
-	if b.perMinute <= 0 {
-		return true
-	}
-	if now.Sub(b.minute) >= time.Minute {
-		b.minute, b.used = now, 0
-	}
-	if b.used >= b.perMinute {
-		b.heldBack++
-		return false
-	}
-	b.used++
-	return true
+	mu       sync.Mutex
+	seen     map[string]*limitedLine
+	minute   time.Time // start of the minute the lines count in
+	used     int       // lines let through in it
+	heldBack int       // lines the per-minute limit held back since the last one let through
 }
 
 type limitedLine struct {
@@ -194,7 +172,7 @@ type limitedLine struct {
 }
 
 func newLogLimiter(period time.Duration, max, perMinute int) *logLimiter {
-	return &logLimiter{period: period, max: max, budget: lineBudget{perMinute: perMinute}, seen: map[string]*limitedLine{}}
+	return &logLimiter{period: period, max: max, perMinute: perMinute, seen: map[string]*limitedLine{}}
 }
 
 // allow reports whether a line for key may be logged now, with how many
@@ -208,9 +186,14 @@ func (l *logLimiter) allow(key string, now time.Time) (ok bool, held, others int
 		e.held++
 		return false, 0, 0
 	}
-	if !l.budget.take(now) {
+	if now.Sub(l.minute) >= time.Minute {
+		l.minute, l.used = now, 0
+	}
+	if l.perMinute > 0 && l.used >= l.perMinute {
+		l.heldBack++
 		return false, 0, 0
 	}
+	l.used++
 	if e == nil {
 		if len(l.seen) >= l.max {
 			l.forget(now)
@@ -218,8 +201,8 @@ func (l *logLimiter) allow(key string, now time.Time) (ok bool, held, others int
 		e = &limitedLine{}
 		l.seen[key] = e
 	}
-	held, others = e.held, l.budget.heldBack
-	e.last, e.held, l.budget.heldBack = now, 0, 0
+	held, others = e.held, l.heldBack
+	e.last, e.held, l.heldBack = now, 0, 0
 	return true, held, others
 }
 

@@ -161,7 +161,7 @@ func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
 // readable. Other origins get no CORS headers, so browsers keep their
 // default of refusing.
 func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[string][]string, next http.Handler) http.Handler {
-	refused := &refusedOrigins{log: log, lines: newLogLimiter(time.Hour, maxLoggedOrigins, maxOriginLinesPerMinute)}
+	refused := newLogLimiter(time.Hour, maxLoggedOrigins, maxOriginLinesPerMinute)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin := r.Header.Get("Origin")
 		if origin == "" {
@@ -173,7 +173,7 @@ func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[st
 			h.Add("Vary", "Origin")
 		}
 		if !slices.Contains(origins, origin) {
-			refused.note(r, origin)
+			noteRefusedOrigin(log, refused, r, origin)
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -196,8 +196,8 @@ func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[st
 	})
 }
 
-// refusedOrigins logs a browser page on another origin that the service
-// refuses (browsers then block it without a word to the server's
+// noteRefusedOrigin logs a browser page on another origin that the
+// service refuses (browsers then block it without a word to the server's
 // operator): a page moved, or -cors-origins lacks it. Each origin is
 // logged at most once an hour, with how many of its requests were refused
 // since its last line, whenever it comes: a misconfiguration that appears
@@ -205,27 +205,22 @@ func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[st
 // bounded: at most maxLoggedOrigins are remembered, and at most
 // maxOriginLinesPerMinute lines are written a minute, the next one saying
 // how many were not.
-type refusedOrigins struct {
-	log   *slog.Logger
-	lines *logLimiter
+func noteRefusedOrigin(log *slog.Logger, lines *logLimiter, r *http.Request, origin string) {
+	if u, err := url.Parse(origin); err == nil && u.Host == r.Host {
+		return // the page is on the service's own origin: no CORS involved
+	}
+	ok, held, others := lines.allow(origin, time.Now())
+	if !ok {
+		return
+	}
+	log.WarnContext(r.Context(), "browser origin refused: it is not in -cors-origins, so browsers will not let its pages read the answers; add it there if it is the back office",
+		"origin", origin, "method", r.Method, "path", r.URL.Path, "refused_since_last_line", held, "other_origins_not_logged", others)
 }
 
 const (
 	maxLoggedOrigins        = 10_000
 	maxOriginLinesPerMinute = 60
 )
-
-func (o *refusedOrigins) note(r *http.Request, origin string) {
-	if u, err := url.Parse(origin); err == nil && u.Host == r.Host {
-		return // the page is on the service's own origin: no CORS involved
-	}
-	ok, held, others := o.lines.allow(origin, time.Now())
-	if !ok {
-		return
-	}
-	o.log.WarnContext(r.Context(), "browser origin refused: it is not in -cors-origins, so browsers will not let its pages read the answers; add it there if it is the back office",
-		"origin", origin, "method", r.Method, "path", r.URL.Path, "refused_since_last_line", held, "other_origins_not_logged", others)
-}
 
 // refuseChunked refuses a request whose body comes chunked. RFC 9112
 // (6.1) calls a message with both Transfer-Encoding and Content-Length
