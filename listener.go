@@ -117,7 +117,8 @@ func (l *limitListener) victim() *limitedConn {
 	var heaviest *list.List
 	sampled := 0
 	for _, conns := range l.waiting {
-		silent := time.Since(conns.Front().Value.(*limitedConn).since) > silentAfter
+		crowded := conns.Len() > maxWaitingPerClient
+		silent := crowded || time.Since(conns.Front().Value.(*limitedConn).since) > silentAfter
 		if silent && (heaviest == nil || conns.Len() > heaviest.Len()) {
 			heaviest = conns
 		}
@@ -138,6 +139,11 @@ func (l *limitListener) victim() *limitedConn {
 // before it can be closed for room: a real client's request follows its
 // connection within a round trip.
 const silentAfter = time.Second
+
+// maxWaitingPerClient is how many connections of one client address may
+// wait for their requests before its oldest is closed for room at once,
+// without waiting for silentAfter: a browser opens at most six to a host.
+const maxWaitingPerClient = 8
 
 // lingerFor is how long a connection answered with Connection: close is
 // left for its client to read the answer before it may be closed for room.
