@@ -117,8 +117,7 @@ func (l *limitListener) victim() *limitedConn {
 	var heaviest *list.List
 	sampled := 0
 	for _, conns := range l.waiting {
-		crowded := conns.Len() > maxWaitingPerClient
-		silent := crowded || time.Since(conns.Front().Value.(*limitedConn).since) > silentAfter
+		silent := time.Since(conns.Front().Value.(*limitedConn).since) > silentAfter
 		if silent && (heaviest == nil || conns.Len() > heaviest.Len()) {
 			heaviest = conns
 		}
@@ -139,11 +138,6 @@ func (l *limitListener) victim() *limitedConn {
 // before it can be closed for room: a real client's request follows its
 // connection within a round trip.
 const silentAfter = time.Second
-
-// maxWaitingPerClient is how many connections of one client address may
-// wait for their requests before its oldest is closed for room at once,
-// without waiting for silentAfter: a browser opens at most six to a host.
-const maxWaitingPerClient = 8
 
 // lingerFor is how long a connection answered with Connection: close is
 // left for its client to read the answer before it may be closed for room.
