@@ -42,33 +42,30 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		return fmt.Errorf("backup: %w", explainFlagError(fs, "petstore backup", nil, err))
 	}
-	if dir == "" {
-		if len(files) != 1 {
-			return fmt.Errorf("backup: name one backup file, or -dir (got %d names): %s", len(files), usage)
-		}
-		dst := files[0]
-		pets, err := backupDatabase(ctx, db, dst)
-		if err != nil {
+	dst := ""
+	switch {
+	case dir == "" && len(files) != 1:
+		return fmt.Errorf("backup: name one backup file, or -dir (got %d names): %s", len(files), usage)
+	case dir == "":
+		dst = files[0]
+	case len(files) != 0:
+		return errors.New("backup: with -dir, name no backup file: " + usage)
+	case keep < 1:
+		return fmt.Errorf("backup: -keep must be at least 1, got %d", keep)
+	default:
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("backup: %w", err)
 		}
-		fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, dst, pets)
-		return nil
+		dst = filepath.Join(dir, snapshotName(time.Now()))
 	}
-	if len(files) != 0 {
-		return errors.New("backup: with -dir, name no backup file: " + usage)
-	}
-	if keep < 1 {
-		return fmt.Errorf("backup: -keep must be at least 1, got %d", keep)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("backup: %w", err)
-	}
-	dst := filepath.Join(dir, snapshotName(time.Now()))
 	pets, err := backupDatabase(ctx, db, dst)
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, dst, pets)
+	if dir == "" {
+		return nil
+	}
 	removed, err := pruneSnapshots(dir, keep, filepath.Base(dst))
 	for _, name := range removed {
 		fmt.Fprintf(stdout, "deleted the older snapshot %s\n", filepath.Join(dir, name))
