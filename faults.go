@@ -453,6 +453,9 @@ func (s *petStore) health() error {
 	if f := s.faults.current(); f != nil {
 		return f // the writer loop probes every second until it clears
 	}
+	if s.view.published.Load() == nil {
+		return &storageError{kind: faultNotAnswering, err: errors.New("the catalogue could not be loaded; it is tried again every 10 s")}
+	}
 	if err := s.pinged.Load(); err != nil && *err != nil {
 		return *err
 	}
@@ -540,13 +543,13 @@ func (s *petStore) probe() {
 	}
 }
 
-// quickCheck runs PRAGMA quick_check on the writer's connection before
-// it takes its first create: a file damaged while the service was down
-// (a disk that failed, a crash after an I/O error) is served for reading
-// and refused for writing instead of being written on.
-func (s *petStore) quickCheck(w *batchWriter) {
+// quickCheck runs PRAGMA quick_check before the first write, a
+// migration's included: a file damaged while the service was down (a
+// disk that failed, a crash after an I/O error) is refused for writing
+// instead of being written on, and what can be read of it is served.
+func (s *petStore) quickCheck() {
 	var result string
-	err := w.conn.QueryRowContext(context.Background(), "PRAGMA quick_check(1)").Scan(&result)
+	err := s.writer.QueryRowContext(context.Background(), "PRAGMA quick_check(1)").Scan(&result)
 	if err == nil && result != "ok" {
 		err = &storageError{kind: faultDamaged, err: errors.New("quick_check: " + result)}
 	}

@@ -147,8 +147,8 @@ var ownTables = []string{"pets", "pets_changes", "sqlite_sequence"}
 // petStore keeps the catalogue in one SQLite file. Writes go through a
 // single connection owned by one goroutine, which commits concurrent
 // creates together (group commit), so writers queue in Go rather than
-// fighting over the file lock ("database is locked"); reads use a pool of
-// read-only connections that WAL lets run beside the writer.
+// fighting over the file lock ("database is locked"); reads are answered
+// from the in-memory view (view.go).
 type petStore struct {
 	file   *dbFile
 	writer *sql.DB // one connection, owned by the writer loop
@@ -273,7 +273,8 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	s := &petStore{file: file, writer: writer, reader: reader, log: opts.log,
 		queue:  writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan struct{}), loopDone: make(chan struct{})},
 		faults: faultLog{log: opts.log, path: file.path}, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
-	if due {
+	s.quickCheck()
+	if due && s.lasting.Load() == nil {
 		if err := s.migrate(); err != nil {
 			return fail(err)
 		}
@@ -287,10 +288,8 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	if err != nil {
 		return fail(err)
 	}
-	// Before the first create, and before the service listens: a file
-	// damaged while the service was down is refused for writing, and
-	// reads are answered from memory from the first.
-	s.quickCheck(w)
+	// Before the service listens: reads are answered from memory from
+	// the first.
 	w.inReadTx(func() error {
 		s.load(w, whyStart)
 		return nil
@@ -489,7 +488,11 @@ func (s *petStore) listPets(ctx context.Context, f petFilter, fn func(*petRow)) 
 	if err != nil {
 		return err
 	}
-	c.list(f, fn)
+	// A page that runs off the end of a partial view may miss pets the
+	// damaged file holds beyond it.
+	if n := c.list(f, fn); c.partial && n < f.limit {
+		return s.lasting.Load()
+	}
 	return nil
 }
 

@@ -36,6 +36,9 @@ type catalogue struct {
 	names      []byte
 	statuses   []uint8    // index into petStatuses
 	byStatus   [3][]int32 // positions of each status's pets, ascending
+	// partial: the file's damage stopped the load after the last pet
+	// held, so pets above it may exist that the view cannot show.
+	partial bool
 }
 
 // statusBytes are the status names, as the encoder takes them.
@@ -83,24 +86,28 @@ func (c *catalogue) get(id int64, fn func(*petRow)) bool {
 }
 
 // list calls fn with each pet of the page that f selects, in id order:
-// at most f.limit pets with an id above f.after, of f.status if set. The
-// status filter walks that status's own positions, not the whole list.
-func (c *catalogue) list(f petFilter, fn func(*petRow)) {
+// at most f.limit pets with an id above f.after, of f.status if set, and
+// returns how many. The status filter walks that status's own positions,
+// not the whole list.
+func (c *catalogue) list(f petFilter, fn func(*petRow)) int {
 	var r petRow
 	if f.status == "" {
 		start := sort.Search(len(c.ids), func(k int) bool { return c.ids[k] > f.after })
-		for i := start; i < len(c.ids) && i < start+f.limit; i++ {
+		end := min(len(c.ids), start+f.limit)
+		for i := start; i < end; i++ {
 			c.row(i, &r)
 			fn(&r)
 		}
-		return
+		return end - start
 	}
 	positions := c.byStatus[statusIndex(f.status)]
 	start := sort.Search(len(positions), func(k int) bool { return c.ids[positions[k]] > f.after })
-	for k := start; k < len(positions) && k < start+f.limit; k++ {
+	end := min(len(positions), start+f.limit)
+	for k := start; k < end; k++ {
 		c.row(int(positions[k]), &r)
 		fn(&r)
 	}
+	return end - start
 }
 
 // add appends one pet. It reports false if the pet's id is not above the
@@ -172,7 +179,8 @@ type queryer interface {
 
 // loadCatalogue reads the whole table, with the change count it
 // reflects. It runs inside a transaction, so no commit falls between the
-// two.
+// two. A row it cannot read (the file is damaged) ends the load: the
+// pets read before it come back too, marked partial, with the error.
 func loadCatalogue(ctx context.Context, q queryer) (*catalogue, changeCount, error) {
 	var known changeCount
 	var count, nameBytes int
@@ -200,16 +208,22 @@ func loadCatalogue(ctx context.Context, q queryer) (*catalogue, changeCount, err
 	var r petRow
 	for rows.Next() {
 		if err := scanPet(rows, &r); err != nil {
-			return nil, known, err
+			c.partial = true
+			return c, known, err
 		}
 		status := statusIndex(string(r.status))
 		if status < 0 || !c.add(r.id, r.name, r.categoryID, status) {
 			// The CHECK constraint and ORDER BY make this impossible for a
 			// sound file.
-			return nil, known, &storageError{kind: faultDamaged, err: fmt.Errorf("pet %d breaks the table's rules", r.id)}
+			c.partial = true
+			return c, known, &storageError{kind: faultDamaged, err: fmt.Errorf("pet %d breaks the table's rules", r.id)}
 		}
 	}
-	return c, known, rows.Err()
+	if err := rows.Err(); err != nil {
+		c.partial = true
+		return c, known, err
+	}
+	return c, known, nil
 }
 
 // gcHeadroom is the memory the garbage collector may let the rest of the
@@ -291,14 +305,27 @@ func (s *petStore) load(w *batchWriter, why string) {
 		s.log.Info("in-memory view is rebuilt", "why", why, "db", s.file.path)
 	}
 	start := time.Now()
+	// No memory limit while two views may be held: the one readers use
+	// and the one loading. Under the limit for one, the collector would
+	// run hundreds of times in a load.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(math.MaxInt64)
+	}
 	c, known, err := loadCatalogue(context.Background(), w.conn)
 	if err != nil {
+		err = s.storageFault(err)
+	}
+	if err != nil && (c == nil || err != error(s.lasting.Load())) {
 		v.published.Store(nil)
 		v.master, v.failedAt = nil, time.Now()
-		if _, fault := classifyFault(s.storageFault(err)); !fault || s.lasting.Load() == nil {
-			s.log.Warn("the in-memory view could not be loaded: lists and gets are answered 503 until it is; it is tried again every 10 s", "err", err.Error(), "db", s.file.path)
-		}
+		s.log.Warn("the in-memory view could not be loaded: lists and gets are answered 503 until it is; it is tried again every 10 s unless the file is damaged",
+			"err", err.Error(), "db", s.file.path)
 		return
+	}
+	if err != nil {
+		// The file is damaged: the pets read before the damage are served,
+		// and a page or a pet beyond them is a 503 (see listPets, getPet).
+		s.log.Warn("the in-memory view holds the pets read before the damage; lists past them and gets of other pets are answered 503", "pets", len(c.ids), "db", s.file.path)
 	}
 	v.master, v.known = c, known
 	v.publish()
@@ -346,7 +373,14 @@ func (s *petStore) catchUp(w *batchWriter) error {
 	case s.lasting.Load() == nil && time.Since(v.failedAt) > 10*time.Second:
 		s.load(w, whyRetry)
 	}
-	return wentBack
+	if wentBack != nil {
+		return wentBack
+	}
+	// Damage the load found refuses the commit it ran in.
+	if f := s.lasting.Load(); f != nil {
+		return f
+	}
+	return nil
 }
 
 // checkWentBack refuses creates, until a restart, once the file's ids no
