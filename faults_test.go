@@ -366,6 +366,10 @@ func TestDamagedFile(t *testing.T) {
 				// in the file is a 503, never a short page or a 404.
 				checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/1"}), 200, nil, `{"id":1,"name":"pet number 1","categoryId":2,"status":"pending"}`)
 				checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/3"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
+				// Its page links on to the next, which cannot be read.
+				checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?limit=5"}), 200, map[string]string{"Link": `</v1/pets?limit=5&after=1>; rel="next"`},
+					`[{"id":1,"name":"pet number 1","categoryId":2,"status":"pending"}]`)
+				checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?limit=5&after=1"}), 503, map[string]string{"Retry-After": "60"}, damagedBody)
 				checkLines(t, svc.log, `level=WARN msg="the in-memory view holds the pets read before the damage; [^"]*" pets=1 `, 1)
 			}
 			t.Logf("damaged %s: list pages answered %v", name, statuses)

@@ -489,12 +489,21 @@ func (s *petStore) listPets(ctx context.Context, f petFilter, fn func(*petRow)) 
 		return err
 	}
 	// A page that runs off the end of a partial view may miss pets the
-	// damaged file holds beyond it.
-	if n := c.list(f, fn); c.partial && n < f.limit {
+	// damaged file holds beyond it: with none left to show it is a 503,
+	// and otherwise it says there may be more (errPartialPage).
+	n := c.list(f, fn)
+	switch {
+	case !c.partial || n == f.limit:
+		return nil
+	case n == 0:
 		return s.lasting.Load()
 	}
-	return nil
+	return errPartialPage
 }
+
+// errPartialPage: the page holds the last pets read before the file's
+// damage; the next page, which may hold more, is a 503.
+var errPartialPage = errors.New("the page ends where the file's damage begins")
 
 // scanPet reads the row rows is on (id, name, category_id, status) into r.
 func scanPet(rows *sql.Rows, r *petRow) error {
