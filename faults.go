@@ -453,8 +453,8 @@ func (s *petStore) health() error {
 	if f := s.faults.current(); f != nil {
 		return f // the writer loop probes every second until it clears
 	}
-	if s.view.published.Load() == nil {
-		return &storageError{kind: faultNotAnswering, err: errors.New("the catalogue could not be loaded; it is tried again every 10 s")}
+	if _, err := s.catalogue(); err != nil {
+		return err // no view: reads are refused too
 	}
 	if err := s.pinged.Load(); err != nil && *err != nil {
 		return *err

@@ -69,7 +69,7 @@ func (s *server) listPets(w http.ResponseWriter, r *http.Request) {
 	defer putBuffer(buf)
 	b := append(*buf, '[')
 	n, last := 0, int64(0)
-	err = s.store.listPets(r.Context(), f, func(p *petRow) {
+	err = s.store.listPets(f, func(p *petRow) {
 		if n == limit {
 			n++ // the extra row: only its existence matters
 			return
@@ -119,7 +119,7 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
 	}
 	buf := getBuffer()
 	defer putBuffer(buf)
-	err := s.store.getPet(r.Context(), id, func(p *petRow) {
+	err := s.store.getPet(id, func(p *petRow) {
 		*buf = append(appendPetJSON(*buf, p), '\n')
 	})
 	if errors.Is(err, errNotFound) {

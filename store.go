@@ -458,7 +458,7 @@ func (s *petStore) catalogue() (*catalogue, error) {
 }
 
 // getPet calls fn with the pet with the given id, or returns errNotFound.
-func (s *petStore) getPet(ctx context.Context, id int64, fn func(*petRow)) error {
+func (s *petStore) getPet(id int64, fn func(*petRow)) error {
 	c, err := s.catalogue()
 	if err != nil {
 		return err
@@ -483,7 +483,7 @@ type petFilter struct {
 }
 
 // listPets calls fn with each pet of the page that f selects, in order.
-func (s *petStore) listPets(ctx context.Context, f petFilter, fn func(*petRow)) error {
+func (s *petStore) listPets(f petFilter, fn func(*petRow)) error {
 	c, err := s.catalogue()
 	if err != nil {
 		return err

@@ -65,14 +65,14 @@ func TestMigrateFromVersion1(t *testing.T) {
 // storedPet reads one pet straight from the store.
 func storedPet(s *petStore, id int64) (Pet, error) {
 	var p Pet
-	err := s.getPet(context.Background(), id, func(r *petRow) { p = petOf(r) })
+	err := s.getPet(id, func(r *petRow) { p = petOf(r) })
 	return p, err
 }
 
 // storedPets reads the whole catalogue straight from the store.
 func storedPets(s *petStore) ([]Pet, error) {
 	var pets []Pet
-	err := s.listPets(context.Background(), petFilter{limit: 1 << 30}, func(r *petRow) { pets = append(pets, petOf(r)) })
+	err := s.listPets(petFilter{limit: 1 << 30}, func(r *petRow) { pets = append(pets, petOf(r)) })
 	return pets, err
 }
 

@@ -170,18 +170,11 @@ func (v *view) publish() {
 	v.published.Store(&snapshot)
 }
 
-// queryer is what loadCatalogue reads through: the writer's connection,
-// inside a transaction.
-type queryer interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
 // loadCatalogue reads the whole table, with the change count it
-// reflects. It runs inside a transaction, so no commit falls between the
-// two. A row it cannot read (the file is damaged) ends the load: the
+// reflects, through the writer's connection. It runs inside a
+// transaction, so no commit falls between the two. A row it cannot read (the file is damaged) ends the load: the
 // pets read before it come back too, marked partial, with the error.
-func loadCatalogue(ctx context.Context, q queryer) (*catalogue, changeCount, error) {
+func loadCatalogue(ctx context.Context, q *sql.Conn) (*catalogue, changeCount, error) {
 	var known changeCount
 	if err := q.QueryRowContext(ctx, "SELECT inserted, changed FROM pets_changes").Scan(&known.inserted, &known.changed); err != nil {
 		return nil, known, err
@@ -249,12 +242,12 @@ func (v *view) limitMemory() {
 // below it the default doubling costs little.
 const minLimitedView = 16 << 20
 
-// add appends committed pets and publishes them. It reports false when
-// there is no master, or they do not all come after its last id: the
-// view must then be loaded again.
-func (v *view) add(pets []Pet) bool {
+// add appends committed pets and publishes them. Without a master, or
+// when they do not all come after its last id, there is no view until
+// the writer loop's next look loads it again.
+func (v *view) add(pets []Pet) {
 	if v.master == nil {
-		return false
+		return
 	}
 	grown := cap(v.master.ids)
 	for _, p := range pets {
@@ -264,7 +257,7 @@ func (v *view) add(pets []Pet) bool {
 		if status < 0 || !v.master.add(p.ID, name, p.CategoryID, status) {
 			v.published.Store(nil)
 			v.master = nil
-			return false
+			return
 		}
 	}
 	if cap(v.master.ids) != grown {
@@ -272,7 +265,6 @@ func (v *view) add(pets []Pet) bool {
 	}
 	v.known.inserted += int64(len(pets))
 	v.publish()
-	return true
 }
 
 // countAbove counts the pets with an id above top, and gives the lowest

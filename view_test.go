@@ -44,7 +44,6 @@ func sqlitePage(t *testing.T, s *petStore, where string, args ...any) string {
 // answers with what SQLite answers for the same request, byte for byte.
 func checkViewMatchesSQLite(t *testing.T, s *petStore, maxID int64) {
 	t.Helper()
-	ctx := context.Background()
 	if s.view.published.Load() == nil {
 		t.Fatal("the view is not loaded")
 	}
@@ -53,7 +52,7 @@ func checkViewMatchesSQLite(t *testing.T, s *petStore, maxID int64) {
 		for _, limit := range []int{1, 7, 21, 101} {
 			for after := int64(0); after <= maxID+1; after += 1 + after/3 {
 				f := petFilter{after: after, status: status, limit: limit}
-				fromView, _ := pageJSON(func(fn func(*petRow)) error { return s.listPets(ctx, f, fn) })
+				fromView, _ := pageJSON(func(fn func(*petRow)) error { return s.listPets(f, fn) })
 				fromFile := sqlitePage(t, s, "id > ? AND (? = '' OR status = ?) ORDER BY id LIMIT ?", after, status, status, limit)
 				if diff := cmp.Diff(fromFile, fromView); diff != "" {
 					t.Fatalf("list %+v (-sqlite +view):\n%s", f, diff)
@@ -63,7 +62,7 @@ func checkViewMatchesSQLite(t *testing.T, s *petStore, maxID int64) {
 		}
 	}
 	for id := int64(-1); id <= maxID+2; id++ {
-		fromView, viewErr := pageJSON(func(fn func(*petRow)) error { return s.getPet(ctx, id, fn) })
+		fromView, viewErr := pageJSON(func(fn func(*petRow)) error { return s.getPet(id, fn) })
 		fromFile := sqlitePage(t, s, "id = ?", id)
 		if fromView != fromFile || (viewErr == nil) != (fromFile != "") {
 			t.Fatalf("get %d: view %q %v, sqlite %q", id, fromView, viewErr, fromFile)

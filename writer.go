@@ -287,8 +287,6 @@ func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []wr
 		s.faults.succeeded()
 		w.commits++
 	}
-	// A view that cannot take them (none was loaded) is loaded again by
-	// the writer loop's next look.
 	s.view.add(added)
 	for i, r := range batch {
 		r.done <- results[i]
