@@ -86,7 +86,7 @@ func TestBackupWhileWriting(t *testing.T) {
 
 	// The copy is a consistent snapshot: at least what was acknowledged
 	// before it began, every row identical to the live one.
-	copyStore, err := openStore(backup, storeOptions{})
+	copyStore, err := openStore(backup, discardLog)
 	must(t, err)
 	defer copyStore.close()
 	got, err := storedPets(copyStore)

@@ -439,10 +439,10 @@ func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 
 // health is /healthz's answer: nil while the store can both read and
 // store a pet, and otherwise the failing check as a storageError. It does
-// no I/O: faults already known are read from memory, and the rest comes
-// from the latest background check (watchHealth), so any number of
-// monitors asking at once costs nothing and cannot themselves look like a
-// fault.
+// no I/O: reads are answered from memory, faults already known are read
+// from memory too, and the rest comes from the background check
+// (watchHealth), so any number of monitors asking at once costs nothing
+// and cannot themselves look like a fault.
 func (s *petStore) health() error {
 	if f := s.lasting.Load(); f != nil {
 		return f
@@ -453,13 +453,8 @@ func (s *petStore) health() error {
 	if f := s.faults.current(); f != nil {
 		return f // the writer loop probes every second until it clears
 	}
-	if _, err := s.catalogue(); err != nil {
-		return err // no view: reads are refused too
-	}
-	if err := s.pinged.Load(); err != nil && *err != nil {
-		return *err
-	}
-	return nil
+	_, err := s.catalogue() // no view: reads are refused
+	return err
 }
 
 // stalledCommit is how long a commit may wait on the storage (a frozen
@@ -473,9 +468,10 @@ const stalledCommit = 5 * time.Second
 const minFreeBytes = 1 << 20
 
 // watchHealth checks the storage about once a second until stop is
-// closed: one read, and a real write (a probe through the writer loop)
-// when the filesystem is read-only or nearly full, or the file could be
-// opened only for reading.
+// closed: a real write (a probe through the writer loop) when the
+// filesystem is read-only or nearly full, or the file could be opened
+// only for reading. Otherwise the creates, and the writer loop's probes
+// after a fault, tell.
 func (s *petStore) watchHealth(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	tick := time.NewTicker(time.Second)
@@ -493,36 +489,11 @@ func (s *petStore) watchHealth(stop <-chan struct{}, done chan<- struct{}) {
 // checkHealth is one check of watchHealth; the store's start runs the
 // first, so /healthz tells the truth from its first answer.
 func (s *petStore) checkHealth() {
-	err := s.ping()
-	s.pinged.Store(&err)
 	var st syscall.Statfs_t
 	statErr := syscall.Fstatfs(int(s.file.lock.Fd()), &st)
 	const stRdonly = 1 // ST_RDONLY
 	if statErr != nil || st.Flags&stRdonly != 0 || st.Bavail*uint64(st.Bsize) < minFreeBytes || s.file.readOnly.Load() {
 		s.probe()
-	}
-}
-
-// ping runs one read, and waits for it no longer than 2 s. On a frozen
-// filesystem a read blocks in the kernel, where no context reaches, so the
-// read runs in a goroutine of its own; while one is stuck, the next ping
-// fails at once instead of stacking up another.
-func (s *petStore) ping() error {
-	if !s.pinging.CompareAndSwap(false, true) {
-		return &storageError{kind: faultNotAnswering, err: errors.New("an earlier read has not finished")}
-	}
-	done := make(chan error, 1)
-	go func() {
-		var one int
-		err := s.reader.QueryRow("SELECT 1 FROM sqlite_schema LIMIT 1").Scan(&one)
-		s.pinging.Store(false)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		return asStorageError(err)
-	case <-time.After(2 * time.Second):
-		return &storageError{kind: faultNotAnswering, err: errors.New("a read did not finish in 2 s")}
 	}
 }
 

@@ -462,7 +462,7 @@ func TestReadOnlyMountAtStart(t *testing.T) {
 		{"bare.db", "unable to open database file: no such file or directory"},
 	} {
 		path := filepath.Join(dir, tt.file)
-		_, err := openStore(path, storeOptions{})
+		_, err := openStore(path, discardLog)
 		want := "open database " + path + ": the database file or its filesystem is read-only, and to open it SQLite must write " +
 			"(switch a rollback-journal file to WAL, or create the -wal and -shm of a WAL file) (" + tt.sqliteSaid + "): make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)"
 		if err == nil || err.Error() != want {

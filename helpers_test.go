@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"go/build"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -238,7 +239,7 @@ func walkFrom(t testing.TB, base, next string) []Pet {
 // pets go in from outside.
 func preloadPets(tb testing.TB, path string, n int) {
 	tb.Helper()
-	s, err := openStore(path, storeOptions{})
+	s, err := openStore(path, discardLog)
 	must(tb, err)
 	s.close()
 	sqlExec(tb, path, fmt.Sprintf(preloadSQL, n))
@@ -732,3 +733,16 @@ func checkIntegrity(t testing.TB, path string) {
 		t.Errorf("integrity_check of %s: %q %v", path, result, err)
 	}
 }
+
+// sqlReader opens the database file for reading beside the store, as an
+// operator's sqlite3 would, closed when the test ends.
+func sqlReader(t testing.TB, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+	must(t, err)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// discardLog is a logger for stores whose log no test reads.
+var discardLog = slog.New(slog.DiscardHandler)

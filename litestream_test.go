@@ -178,7 +178,7 @@ func (r *replicaRun) tryRestore(ls, dir string) (string, map[int64]Pet, error) {
 	if _, err := checkBackup(context.Background(), out); err != nil {
 		return "", nil, fmt.Errorf("the restored copy: %v", err)
 	}
-	s, err := openStore(out, storeOptions{})
+	s, err := openStore(out, discardLog)
 	if err != nil {
 		return "", nil, err
 	}
@@ -251,7 +251,7 @@ func TestLitestreamReplica(t *testing.T) {
 			r := startReplicated(t, ls, 2, kill*1000, true)
 			// The crash test with Litestream attached: the local file,
 			// reopened by a new service, holds every acknowledged pet.
-			local, err := openStore(r.db, storeOptions{})
+			local, err := openStore(r.db, discardLog)
 			must(t, err)
 			stored, err := storedPets(local)
 			must(t, err)

@@ -142,7 +142,7 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr
 		return nil, fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
 	s.ln = newLimitListener(tcpLn, cfg.maxConns, log)
-	if s.store, err = openStore(cfg.db, storeOptions{log: log}); err != nil {
+	if s.store, err = openStore(cfg.db, log); err != nil {
 		s.ln.Close()
 		return nil, err
 	}

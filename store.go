@@ -1,5 +1,5 @@
-// The store: one SQLite file, its schema and migrations, the connections
-// (one writer, one reader), and the reads. Creates go through the
+// The store: one SQLite file, its schema and migrations, its one
+// connection, and the reads. Creates go through the
 // writer (writer.go); lists and gets are served from the in-memory view
 // (view.go).
 
@@ -152,20 +152,17 @@ var ownTables = []string{"pets", "pets_changes", "sqlite_sequence"}
 type petStore struct {
 	file   *dbFile
 	writer *sql.DB // one connection, owned by the writer loop
-	reader *sql.DB // one read-only connection, for the health check
 	log    *slog.Logger
 
 	view  view       // lists and gets from memory (view.go)
 	queue writeQueue // creates on their way to the writer (writer.go)
 
 	// What is wrong with the storage (faults.go): a fault that lasts until
-	// a restart, the passing fault in force, when the commit under way
-	// began (0 between commits), and the latest health read.
+	// a restart, the passing fault in force, and when the commit under way
+	// began (0 between commits).
 	lasting     atomic.Pointer[storageError]
 	faults      faultLog
 	commitStart atomic.Int64
-	pinging     atomic.Bool
-	pinged      atomic.Pointer[error]
 	stopWatch   chan struct{}
 	watchDone   chan struct{}
 
@@ -220,28 +217,18 @@ func sqliteDSN(path string, extra ...string) string {
 	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + strings.Join(params, "&")
 }
 
-// storeOptions are the store's settings; the zero value is the default.
-type storeOptions struct {
-	log *slog.Logger // nil: discard
-}
-
 // openStore opens (creating if needed) the database file at path and brings
 // its schema up to date. It writes to the file only when a migration is
 // due, so it starts, and serves reads, on a full or read-only disk.
-func openStore(path string, opts storeOptions) (*petStore, error) {
-	if opts.log == nil {
-		opts.log = slog.New(slog.DiscardHandler)
-	}
+func openStore(path string, log *slog.Logger) (*petStore, error) {
 	file, err := openDBFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var writer, reader *sql.DB
+	var writer *sql.DB
 	fail := func(err error) (*petStore, error) {
-		for _, db := range []*sql.DB{reader, writer} {
-			if db != nil {
-				db.Close()
-			}
+		if writer != nil {
+			writer.Close()
 		}
 		file.close()
 		var sqliteErr sqlite3.Error
@@ -262,32 +249,26 @@ func openStore(path string, opts storeOptions) (*petStore, error) {
 	writer.SetMaxOpenConns(1)
 	writer.SetConnMaxIdleTime(0)
 	writer.SetConnMaxLifetime(0)
-	// One reader connection, for the health check's read (lists and gets
-	// are answered from memory), opened here and kept like the writer's:
-	// no request then needs a descriptor the process may have run out of.
-	if reader, err = sql.Open(sqliteDriver, sqliteDSN(path, "_query_only=on")); err != nil {
-		return fail(err)
-	}
-	reader.SetMaxOpenConns(1)
 
-	s := &petStore{file: file, writer: writer, reader: reader, log: opts.log,
+	s := &petStore{file: file, writer: writer, log: log,
 		queue:  writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan struct{}), loopDone: make(chan struct{})},
-		faults: faultLog{log: opts.log, path: file.path}, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
+		faults: faultLog{log: log, path: file.path}, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
 	s.quickCheck()
 	if due && s.lasting.Load() == nil {
 		if err := s.migrate(); err != nil {
 			return fail(err)
 		}
 	}
-	// The read opens the -wal and -shm files too, which are then watched.
-	if err := reader.QueryRow(topIDQuery).Scan(&s.view.highWater); err != nil {
-		return fail(err)
-	}
-	file.noteOpened()
 	w, err := newBatchWriter(writer)
 	if err != nil {
 		return fail(err)
 	}
+	// The read opens the -wal and -shm files too, which are then watched.
+	if s.view.highWater, err = w.topID(); err != nil {
+		w.close()
+		return fail(err)
+	}
+	file.noteOpened()
 	// Before the service listens: reads are answered from memory from
 	// the first.
 	w.inReadTx(func() error {
@@ -419,13 +400,11 @@ func (s *petStore) close() error {
 		<-s.watchDone
 		<-s.queue.loopDone
 		s.view.published.Store(nil) // a closed store answers nothing
-		closed := error(&storageError{kind: faultNotAnswering, err: errClosed})
-		s.pinged.Store(&closed)
 		// After an I/O error the files are not closed through SQLite,
 		// whose last close checkpoints: the process's exit lets go, and
 		// the next start recovers from the -wal (see storageFault).
 		if f := s.lasting.Load(); f == nil || f.kind != faultIO {
-			s.closeErr = errors.Join(s.reader.Close(), s.writer.Close())
+			s.closeErr = s.writer.Close()
 		}
 		// The lock's descriptor goes last: closing it releases SQLite's
 		// POSIX locks on the file too.

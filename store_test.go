@@ -16,15 +16,15 @@ func TestStore(t *testing.T) {
 	// That a reopen keeps the pets is TestRun's restart, through the API.
 	t.Run("a new file is private, in WAL mode, at the latest schema version", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "pets.db")
-		s, err := openStore(path, storeOptions{})
+		s, err := openStore(path, discardLog)
 		must(t, err)
 		defer s.close()
 		fi, err := os.Stat(path)
 		must(t, err)
 		var version int
 		var mode string
-		s.reader.QueryRow("PRAGMA user_version").Scan(&version)
-		s.reader.QueryRow("PRAGMA journal_mode").Scan(&mode)
+		sqlReader(t, s.file.path).QueryRow("PRAGMA user_version").Scan(&version)
+		sqlReader(t, s.file.path).QueryRow("PRAGMA journal_mode").Scan(&mode)
 		if fi.Mode().Perm() != 0o600 || version != len(migrations) || mode != "wal" {
 			t.Errorf("mode %v, user_version %d, journal_mode %q; want 0600, %d, wal", fi.Mode().Perm(), version, mode, len(migrations))
 		}
@@ -32,7 +32,7 @@ func TestStore(t *testing.T) {
 	t.Run("refuses a newer schema", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "pets.db")
 		sqlExec(t, path, "PRAGMA user_version = 99")
-		_, err := openStore(path, storeOptions{})
+		_, err := openStore(path, discardLog)
 		want := fmt.Sprintf("open database %s: schema version 99 is newer than this build understands (%d); use a newer petstore", path, len(migrations))
 		if err == nil || err.Error() != want {
 			t.Errorf("openStore error = %v, want %q", err, want)
@@ -45,7 +45,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 	// place, its pets kept, and idempotency works on it.
 	path := filepath.Join(t.TempDir(), "v1.db")
 	sqlExec(t, sqliteDSN(path), migrations[0], "PRAGMA user_version = 1", "INSERT INTO pets (name, category_id, status) VALUES ('Old', 4, 'sold')")
-	s, err := openStore(path, storeOptions{})
+	s, err := openStore(path, discardLog)
 	must(t, err)
 	defer s.close()
 	got, err := storedPet(s, 1)
@@ -102,7 +102,7 @@ func TestForeignFiles(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "x.db")
 			sqlExec(t, path, tc.sqls...)
 			before, _ := os.ReadFile(path)
-			_, err := openStore(path, storeOptions{})
+			_, err := openStore(path, discardLog)
 			if want := "open database " + path + ": " + tc.wantErr; err == nil || err.Error() != want {
 				t.Errorf("openStore: %v, want %q", err, want)
 			}
@@ -119,20 +119,20 @@ func TestForeignFiles(t *testing.T) {
 
 	t.Run("unmarked file of an earlier petstore", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "p.db")
-		s, err := openStore(path, storeOptions{})
+		s, err := openStore(path, discardLog)
 		must(t, err)
 		s.close()
 		sqlExec(t, path, "DROP TRIGGER pets_inserted", "DROP TRIGGER pets_updated", "DROP TRIGGER pets_deleted", "DROP TRIGGER pets_replacing",
 			"DROP INDEX pets_idempotency_key", "ALTER TABLE pets DROP COLUMN idempotency_scope",
 			"CREATE UNIQUE INDEX pets_idempotency_key ON pets (idempotency_key) WHERE idempotency_key IS NOT NULL",
 			"DROP TABLE pets_changes", "PRAGMA application_id = 0", "PRAGMA user_version = 3")
-		s, err = openStore(path, storeOptions{})
+		s, err = openStore(path, discardLog)
 		if err != nil {
 			t.Fatalf("an earlier petstore's file: %v", err)
 		}
 		var id, version int64
-		s.reader.QueryRow("PRAGMA application_id").Scan(&id)
-		s.reader.QueryRow("PRAGMA user_version").Scan(&version)
+		sqlReader(t, s.file.path).QueryRow("PRAGMA application_id").Scan(&id)
+		sqlReader(t, s.file.path).QueryRow("PRAGMA user_version").Scan(&version)
 		s.close()
 		if id != petstoreApplicationID || version != int64(len(migrations)) {
 			t.Errorf("application_id %#x, user_version %d; want %#x, %d", id, version, petstoreApplicationID, len(migrations))
@@ -162,7 +162,7 @@ func TestIdempotencyKeysBelongToTheirAPIKey(t *testing.T) {
 	checkReply(t, create(second, `{"name":"Tom","categoryId":1}`), 422, nil,
 		errBody(422, codeIdempotencyKeyReused, "this Idempotency-Key was already used for a different pet; use a new key for a new request"))
 	var scoped int
-	if err := store.reader.QueryRow("SELECT count(DISTINCT idempotency_scope) FROM pets WHERE idempotency_key = 'order-1'").Scan(&scoped); err != nil || scoped != 2 {
+	if err := sqlReader(t, store.file.path).QueryRow("SELECT count(DISTINCT idempotency_scope) FROM pets WHERE idempotency_key = 'order-1'").Scan(&scoped); err != nil || scoped != 2 {
 		t.Errorf("%d scopes stored for order-1 (%v), want 2 (the old row has none)", scoped, err)
 	}
 }

@@ -27,7 +27,7 @@ func pageJSON(read func(fn func(*petRow)) error) (string, error) {
 // pageJSON encodes the view's answer.
 func sqlitePage(t *testing.T, s *petStore, where string, args ...any) string {
 	t.Helper()
-	rows, err := s.reader.Query("SELECT id, name, category_id, status FROM pets WHERE "+where, args...)
+	rows, err := sqlReader(t, s.file.path).Query("SELECT id, name, category_id, status FROM pets WHERE "+where, args...)
 	must(t, err)
 	defer rows.Close()
 	var b []byte
@@ -77,7 +77,7 @@ func checkViewMatchesSQLite(t *testing.T, s *petStore, maxID int64) {
 // loads it), and compares the view's answers with SQLite's.
 func TestViewMatchesSQLite(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
-	s, err := openStore(path, storeOptions{})
+	s, err := openStore(path, discardLog)
 	must(t, err)
 	waitFor(t, patience, "the view to load", func() bool { return s.view.published.Load() != nil })
 	names := []string{"Rex", "Ünïcödé 猫", `quote " and \ backslash`, "<b>&amp;</b>", "line\u2028sep", strings.Repeat("長", 100), " spaced "}
@@ -92,7 +92,7 @@ func TestViewMatchesSQLite(t *testing.T) {
 	checkViewMatchesSQLite(t, s, n)
 	s.close()
 
-	s, err = openStore(path, storeOptions{})
+	s, err = openStore(path, discardLog)
 	must(t, err)
 	defer s.close()
 	waitFor(t, patience, "the view to load at the restart", func() bool { return s.view.published.Load() != nil })

@@ -76,7 +76,7 @@ func TestNoCommitBehindTheClientsBack(t *testing.T) {
 func TestWALIsBounded(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pets.db")
 	const limit = 64 << 20 // journal_size_limit
-	s, err := openStore(path, storeOptions{})
+	s, err := openStore(path, discardLog)
 	must(t, err)
 	defer s.close()
 	walSize := func() int64 {
@@ -204,7 +204,7 @@ func TestWriterLeavesAStuckTransaction(t *testing.T) {
 func newTestBatchWriter(t *testing.T) (*batchWriter, *sql.DB) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "pets.db")
-	s, err := openStore(path, storeOptions{})
+	s, err := openStore(path, discardLog)
 	must(t, err)
 	s.close()
 	db, err := sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate"))
