@@ -24,14 +24,14 @@ import (
 // defaultMaxConns is the default cap on client connections: 4,096, which
 // a small machine holds (an open connection costs about 20 KB, 47 KB with
 // TLS: some 80 and 190 MiB), or the process's descriptor limit less room
-// for the database's two connections (three files each), the listener
+// for the database's connection (three files), the listener
 // and the rest, if that is lower.
 func defaultMaxConns() int {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return 1024
 	}
-	return max(1, min(4096, int(min(lim.Cur, 1<<20))-32-3*2))
+	return max(1, min(4096, int(min(lim.Cur, 1<<20))-32-3))
 }
 
 // limitListener caps client connections at max, so the process never
