@@ -6,7 +6,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -17,8 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
-	"strings"
 	"time"
 )
 
@@ -87,59 +84,31 @@ func snapshotName(t time.Time) string {
 }
 
 // pruneSnapshots deletes the oldest snapshots in dir beyond the newest
-// keep, never the one just written and never a file whose name is not a
-// snapshot's. It returns the names it deleted. Age is read from what a
-// snapshot holds, its highest pet id, and only then from its name: a
-// clock that once jumped ahead names snapshots that would otherwise
-// outlive every fresh one.
+// keep, by the UTC time in their names, never the one just written and
+// never a file whose name is not a snapshot's. It returns the names it
+// deleted.
 func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
+	entries, err := os.ReadDir(dir) // sorted by name: oldest first
 	if err != nil {
 		return nil, err
 	}
-	type snapshot struct {
-		name string
-		top  int64 // -1: not readable as a petstore file, the oldest
-	}
-	var snapshots []snapshot
+	var snapshots []string
 	for _, e := range entries {
 		if e.Type().IsRegular() && snapshotPattern.MatchString(e.Name()) {
-			snapshots = append(snapshots, snapshot{e.Name(), snapshotTop(filepath.Join(dir, e.Name()))})
+			snapshots = append(snapshots, e.Name())
 		}
 	}
-	slices.SortFunc(snapshots, func(a, b snapshot) int {
-		return cmp.Or(cmp.Compare(a.top, b.top), strings.Compare(a.name, b.name))
-	})
 	var removed []string
-	for len(snapshots) > keep {
-		name := snapshots[0].name
-		snapshots = snapshots[1:]
-		if name == justWritten {
+	for ; len(snapshots) > keep; snapshots = snapshots[1:] {
+		if snapshots[0] == justWritten {
 			continue
 		}
-		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+		if err := os.Remove(filepath.Join(dir, snapshots[0])); err != nil {
 			return removed, err
 		}
-		removed = append(removed, name)
+		removed = append(removed, snapshots[0])
 	}
 	return removed, nil
-}
-
-// snapshotTop is the highest pet id a snapshot holds or has handed out,
-// or -1 if it cannot be read as a petstore file.
-func snapshotTop(path string) int64 {
-	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
-	if err != nil {
-		return -1
-	}
-	defer db.Close()
-	// topIDQuery reads sqlite_sequence too, which pets deleted by hand do
-	// not lower.
-	var top int64
-	if err := db.QueryRow(topIDQuery).Scan(&top); err != nil {
-		return -1
-	}
-	return top
 }
 
 // backupDatabase writes a consistent copy of the database file src to dst
