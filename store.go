@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,10 +138,6 @@ const topIDQuery = `SELECT max(coalesce((SELECT max(id) FROM pets), 0),
 // petstoreApplicationID is PRAGMA application_id of petstore's files:
 // "PETS" in ASCII. file(1) and other tools show it too.
 const petstoreApplicationID = 0x50455453
-
-// ownTables are the tables a petstore file holds; a file without the
-// application id that holds any other table is not petstore's.
-var ownTables = []string{"pets", "pets_changes", "sqlite_sequence"}
 
 // petStore keeps the catalogue in one SQLite file. Writes go through a
 // single connection owned by one goroutine, which commits concurrent
@@ -313,43 +308,15 @@ func inspect(path string) (migrationDue bool, err error) {
 		return false, fmt.Errorf("not a petstore database: it belongs to another application (SQLite application_id %#x); use another -db file", appID)
 	}
 	if appID == 0 {
-		rows, err := db.QueryContext(ctx, "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
-		if err != nil {
+		// An unmarked file is an earlier petstore's only if it holds
+		// petstore's tables alone, and a file of version 0 holds none.
+		var foreign string
+		if err := db.QueryRowContext(ctx, `SELECT coalesce(group_concat(name, ', '), '') FROM (SELECT name FROM sqlite_schema
+			WHERE type = 'table' AND (? = 0 OR name NOT IN ('pets', 'pets_changes', 'sqlite_sequence')) ORDER BY name)`, version).Scan(&foreign); err != nil {
 			return false, err
 		}
-		var foreign []string
-		for rows.Next() {
-			var name string
-			if err := rows.Scan(&name); err != nil {
-				rows.Close()
-				return false, err
-			}
-			if version == 0 || !slices.Contains(ownTables, name) {
-				foreign = append(foreign, name)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return false, err
-		}
-		if len(foreign) > 0 {
-			return false, fmt.Errorf("not a petstore database: it holds tables petstore did not make (%s); use another -db file", strings.Join(foreign, ", "))
-		}
-		// An earlier petstore's file, unmarked: its pets table must be the
-		// one that version made, or the migrations would change (and
-		// first switch to WAL) a file that is then refused.
-		if version >= 1 && version < int64(len(migrations)) {
-			want := "id, name, category_id, status"
-			if version >= 2 {
-				want += ", idempotency_key, request_fingerprint"
-			}
-			var got string
-			if err := db.QueryRowContext(ctx, "SELECT coalesce(group_concat(name, ', '), '') FROM (SELECT name FROM pragma_table_info('pets') ORDER BY cid)").Scan(&got); err != nil {
-				return false, err
-			}
-			if got != want {
-				return false, fmt.Errorf("not a petstore database: its pets table has the columns (%s), not petstore's (%s); use another -db file", got, want)
-			}
+		if foreign != "" {
+			return false, fmt.Errorf("not a petstore database: it holds tables petstore did not make (%s); use another -db file", foreign)
 		}
 	}
 	if version > int64(len(migrations)) {
