@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"net/http"
 	"strconv"
@@ -150,11 +151,7 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 	}
 	// An oversized body is drained until the create's deadline at most;
 	// without a write timeout, for 10 s.
-	drainUntil := start.Add(10 * time.Second)
-	if s.createWithin > 0 {
-		drainUntil = start.Add(s.createWithin)
-	}
-	body, ok := readBody(w, r, drainUntil)
+	body, ok := readBody(w, r, start.Add(cmp.Or(s.createWithin, 10*time.Second)))
 	if !ok {
 		return
 	}

@@ -40,13 +40,7 @@ type catalogue struct {
 }
 
 // statusBytes are the status names, as the encoder takes them.
-var statusBytes = func() [3][]byte {
-	var b [3][]byte
-	for i, s := range petStatuses {
-		b[i] = []byte(s)
-	}
-	return b
-}()
+var statusBytes = [3][]byte{[]byte(petStatuses[0]), []byte(petStatuses[1]), []byte(petStatuses[2])}
 
 // statusIndex is s's position in petStatuses, or -1.
 func statusIndex(s string) int {
