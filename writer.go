@@ -147,9 +147,10 @@ const checkpointEvery = 200
 
 // writeLoop owns the writer connection. It takes whatever creates are
 // queued, up to maxBatch, and commits them in one transaction with one
-// fsync. It never waits for company: a lone create is committed at once,
-// and creates that arrive meanwhile queue for the next batch, which is
-// how batches form under load. Once a second it also looks at the files,
+// fsync. A lone create is committed at once, and creates that arrive
+// meanwhile queue for the next batch, which is how batches form under
+// load; a batch after one with company waits a moment for as much (see
+// gather). Once a second it also looks at the files,
 // checkpoints, and while a storage fault is in force tries a write to see
 // it clear.
 func (s *petStore) writeLoop(w *batchWriter) {
@@ -160,6 +161,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 	watch := time.NewTicker(externalWriteCheck)
 	defer watch.Stop()
 	batch := make([]*writeRequest, 0, maxBatch)
+	lastBatch := 0
 	for {
 		select {
 		case first, ok := <-s.queue.writes:
@@ -179,6 +181,8 @@ func (s *petStore) writeLoop(w *batchWriter) {
 					break fill
 				}
 			}
+			batch = s.gather(batch, lastBatch)
+			lastBatch = len(batch)
 			s.commit(w, batch)
 		case done := <-s.queue.probes:
 			s.probeWrite(&w)
@@ -201,6 +205,36 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			}
 		}
 	}
+}
+
+// commitDelay is how long a batch waits for company when the one
+// before it had some (see gather).
+const commitDelay = time.Millisecond
+
+// gather waits up to commitDelay for the batch to grow as large as the
+// last one, when that one held more than one create: under load the
+// clients answered by a commit send their next creates within a round
+// trip, and without the wait each commit would take the first few of
+// them and pay a whole fsync for those alone. A lone create, or the
+// first after a lull, is committed at once.
+func (s *petStore) gather(batch []*writeRequest, lastBatch int) []*writeRequest {
+	if lastBatch < 2 || len(batch) >= lastBatch {
+		return batch
+	}
+	timer := time.NewTimer(commitDelay)
+	defer timer.Stop()
+	for len(batch) < lastBatch {
+		select {
+		case r, ok := <-s.queue.writes:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, r)
+		case <-timer.C:
+			return batch
+		}
+	}
+	return batch
 }
 
 // commit stores a batch and answers every request in it. A storage fault
