@@ -312,11 +312,28 @@ func inspect(path string) (migrationDue bool, err error) {
 		// petstore's tables alone, and a file of version 0 holds none.
 		var foreign string
 		if err := db.QueryRowContext(ctx, `SELECT coalesce(group_concat(name, ', '), '') FROM (SELECT name FROM sqlite_schema
-			WHERE type = 'table' AND (? = 0 OR name NOT IN ('pets', 'pets_changes', 'sqlite_sequence')) ORDER BY name)`, version).Scan(&foreign); err != nil {
+			WHERE type IN ('table', 'view') AND (? = 0 OR name NOT IN ('pets', 'pets_changes', 'sqlite_sequence')) ORDER BY name)`, version).Scan(&foreign); err != nil {
 			return false, err
 		}
 		if foreign != "" {
 			return false, fmt.Errorf("not a petstore database: it holds tables petstore did not make (%s); use another -db file", foreign)
+		}
+		// An earlier petstore's file, unmarked: its pets table must be the
+		// one that version made, or the migrations would change (and
+		// first switch to WAL, or mark as petstore's) another
+		// application's file.
+		if version >= 1 && version < int64(len(migrations)) {
+			want := "id, name, category_id, status"
+			if version >= 2 {
+				want += ", idempotency_key, request_fingerprint"
+			}
+			var got string
+			if err := db.QueryRowContext(ctx, "SELECT coalesce(group_concat(name, ', '), '') FROM (SELECT name FROM pragma_table_info('pets') ORDER BY cid)").Scan(&got); err != nil {
+				return false, err
+			}
+			if got != want {
+				return false, fmt.Errorf("not a petstore database: its pets table has the columns (%s), not petstore's (%s); use another -db file", got, want)
+			}
 		}
 	}
 	if version > int64(len(migrations)) {
