@@ -63,9 +63,12 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 	if dir == "" {
 		return nil
 	}
-	removed, err := pruneSnapshots(dir, keep, filepath.Base(dst))
+	removed, ahead, err := pruneSnapshots(dir, keep, filepath.Base(dst))
 	for _, name := range removed {
 		fmt.Fprintf(stdout, "deleted the older snapshot %s\n", filepath.Join(dir, name))
+	}
+	for _, name := range ahead {
+		fmt.Fprintf(stdout, "kept %s, named after this one (by a clock that ran ahead?): it neither counts nor is deleted; delete it by hand if it is stale\n", filepath.Join(dir, name))
 	}
 	if err != nil {
 		return fmt.Errorf("backup: the snapshot was written, but older ones were not all deleted: %w", err)
@@ -85,30 +88,35 @@ func snapshotName(t time.Time) string {
 
 // pruneSnapshots deletes the oldest snapshots in dir beyond the newest
 // keep, by the UTC time in their names, never the one just written and
-// never a file whose name is not a snapshot's. It returns the names it
-// deleted.
-func pruneSnapshots(dir string, keep int, justWritten string) ([]string, error) {
+// never a file whose name is not a snapshot's. A snapshot named after the
+// one just written (by a clock that once ran ahead) would sort as the
+// newest for ever: it is neither counted nor deleted, but returned in
+// ahead. It returns the names it deleted.
+func pruneSnapshots(dir string, keep int, justWritten string) (removed, ahead []string, err error) {
 	entries, err := os.ReadDir(dir) // sorted by name: oldest first
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var snapshots []string
 	for _, e := range entries {
-		if e.Type().IsRegular() && snapshotPattern.MatchString(e.Name()) {
+		switch {
+		case !e.Type().IsRegular() || !snapshotPattern.MatchString(e.Name()):
+		case e.Name() > justWritten:
+			ahead = append(ahead, e.Name())
+		default:
 			snapshots = append(snapshots, e.Name())
 		}
 	}
-	var removed []string
 	for ; len(snapshots) > keep; snapshots = snapshots[1:] {
 		if snapshots[0] == justWritten {
 			continue
 		}
 		if err := os.Remove(filepath.Join(dir, snapshots[0])); err != nil {
-			return removed, err
+			return removed, ahead, err
 		}
 		removed = append(removed, snapshots[0])
 	}
-	return removed, nil
+	return removed, ahead, nil
 }
 
 // backupDatabase writes a consistent copy of the database file src to dst

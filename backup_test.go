@@ -245,3 +245,26 @@ func TestRestore(t *testing.T) {
 	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":4}`}), 201, nil,
 		`{"id":3,"name":"New","categoryId":4,"status":"available"}`)
 }
+
+// TestSnapshotsNamedAhead: snapshots named by a clock that once ran a
+// year ahead sort as the newest; they are kept and named, not counted,
+// so -keep still keeps that many fresh ones.
+func TestSnapshotsNamedAhead(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"petstore-20271122T030000Z.db", "petstore-20271123T030000Z.db", "petstore-20261119T030000Z.db",
+		"petstore-20261120T030000Z.db", "petstore-20261121T030000Z.db", "petstore-20261122T030000Z.db", "notes.txt"} {
+		must(t, os.WriteFile(filepath.Join(dir, name), nil, 0o600))
+	}
+	removed, ahead, err := pruneSnapshots(dir, 3, "petstore-20261122T030000Z.db")
+	must(t, err)
+	if diff := cmp.Diff([]string{"petstore-20261119T030000Z.db"}, removed); diff != "" {
+		t.Errorf("deleted (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"petstore-20271122T030000Z.db", "petstore-20271123T030000Z.db"}, ahead); diff != "" {
+		t.Errorf("named ahead (-want +got):\n%s", diff)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "*"))
+	if len(left) != 6 {
+		t.Errorf("%d files left, want 6: %v", len(left), left)
+	}
+}
