@@ -168,20 +168,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			if !ok {
 				return
 			}
-			batch = append(batch[:0], first)
-		fill:
-			for len(batch) < maxBatch {
-				select {
-				case r, ok := <-s.queue.writes:
-					if !ok {
-						break fill
-					}
-					batch = append(batch, r)
-				default:
-					break fill
-				}
-			}
-			batch = s.gather(batch, lastBatch)
+			batch = s.gather(append(batch[:0], first), lastBatch)
 			lastBatch = len(batch)
 			s.commit(w, batch)
 		case done := <-s.queue.probes:
@@ -211,28 +198,38 @@ func (s *petStore) writeLoop(w *batchWriter) {
 // before it had some (see gather).
 const commitDelay = time.Millisecond
 
-// gather waits up to commitDelay for the batch to grow as large as the
-// last one, when that one held more than one create: under load the
-// clients answered by a commit send their next creates within a round
-// trip, and without the wait each commit would take the first few of
-// them and pay a whole fsync for those alone. A lone create, or the
-// first after a lull, is committed at once.
+// gather fills a batch: every create already queued, up to maxBatch.
+// When nothing more is queued and the last batch held more than one
+// create, it waits up to commitDelay for the batch to grow as large as
+// that one: under load the clients answered by a commit send their next
+// creates within a round trip, and without the wait each commit would
+// take the first few of them and pay a whole fsync for those alone. A
+// lone create, or the first after a lull, is committed at once.
 func (s *petStore) gather(batch []*writeRequest, lastBatch int) []*writeRequest {
-	if lastBatch < 2 || len(batch) >= lastBatch {
-		return batch
-	}
-	timer := time.NewTimer(commitDelay)
-	defer timer.Stop()
-	for len(batch) < lastBatch {
+	var timer *time.Timer // started at the first wait
+	for len(batch) < maxBatch {
+		var r *writeRequest
+		ok := true
 		select {
-		case r, ok := <-s.queue.writes:
-			if !ok {
+		case r, ok = <-s.queue.writes:
+		default:
+			if lastBatch < 2 || len(batch) >= lastBatch {
 				return batch
 			}
-			batch = append(batch, r)
-		case <-timer.C:
-			return batch
+			if timer == nil {
+				timer = time.NewTimer(commitDelay)
+				defer timer.Stop()
+			}
+			select {
+			case r, ok = <-s.queue.writes:
+			case <-timer.C:
+				return batch
+			}
 		}
+		if !ok {
+			return batch // closed: the loop ends after this batch
+		}
+		batch = append(batch, r)
 	}
 	return batch
 }
