@@ -467,13 +467,3 @@ func (s *petStore) listPets(f petFilter, fn func(*petRow)) error {
 // errPartialPage: the page holds the last pets read before the file's
 // damage; the next page, which may hold more, is a 503.
 var errPartialPage = errors.New("the page ends where the file's damage begins")
-
-// scanPet reads the row rows is on (id, name, category_id, status) into r.
-func scanPet(rows *sql.Rows, r *petRow) error {
-	if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
-		// The table is STRICT: a value that does not convert was not
-		// written by SQLite, so the file is damaged.
-		return &storageError{kind: faultDamaged, err: err}
-	}
-	return nil
-}

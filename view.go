@@ -189,9 +189,11 @@ func loadCatalogue(ctx context.Context, q *sql.Conn) (*catalogue, changeCount, e
 	defer rows.Close()
 	var r petRow
 	for rows.Next() {
-		if err := scanPet(rows, &r); err != nil {
+		if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
+			// The table is STRICT: a value that does not convert was not
+			// written by SQLite, so the file is damaged.
 			c.partial = true
-			return c, known, err
+			return c, known, &storageError{kind: faultDamaged, err: err}
 		}
 		status := statusIndex(string(r.status))
 		if status < 0 || !c.add(r.id, r.name, r.categoryID, status) {
