@@ -440,9 +440,9 @@ func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 // health is /healthz's answer: nil while the store can both read and
 // store a pet, and otherwise the failing check as a storageError. It does
 // no I/O: reads are answered from memory, faults already known are read
-// from memory too, and the rest comes from the background check
-// (watchHealth), so any number of monitors asking at once costs nothing
-// and cannot themselves look like a fault.
+// from memory too, and the rest comes from the writer loop's probes (see
+// storageDoubtful), so any number of monitors asking at once costs
+// nothing and cannot themselves look like a fault.
 func (s *petStore) health() error {
 	if f := s.lasting.Load(); f != nil {
 		return f
@@ -461,57 +461,21 @@ func (s *petStore) health() error {
 // filesystem, a stalled disk) before the log and /healthz say so.
 const stalledCommit = 5 * time.Second
 
-// minFreeBytes is the free space below which the health check tries a
+// minFreeBytes is the free space below which the writer loop tries a
 // real write: only that tells whether a pet can still be stored, whatever
 // blocks the filesystem keeps for root and whether this process may use
 // them.
 const minFreeBytes = 1 << 20
 
-// watchHealth checks the storage about once a second until stop is
-// closed: a real write (a probe through the writer loop) when the
-// filesystem is read-only or nearly full, or the file could be opened
-// only for reading. Otherwise the creates, and the writer loop's probes
-// after a fault, tell.
-func (s *petStore) watchHealth(stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-tick.C:
-		}
-		s.checkHealth()
-	}
-}
-
-// checkHealth is one check of watchHealth; the store's start runs the
-// first, so /healthz tells the truth from its first answer.
-func (s *petStore) checkHealth() {
+// storageDoubtful reports whether only a real write (probeWrite) tells
+// whether a pet can be stored: the filesystem is read-only or nearly
+// full, or the file could be opened only for reading. Otherwise the
+// creates, and the writer loop's probes after a fault, tell.
+func (s *petStore) storageDoubtful() bool {
 	var st syscall.Statfs_t
-	statErr := syscall.Fstatfs(int(s.file.lock.Fd()), &st)
+	err := syscall.Fstatfs(int(s.file.lock.Fd()), &st)
 	const stRdonly = 1 // ST_RDONLY
-	if statErr != nil || st.Flags&stRdonly != 0 || st.Bavail*uint64(st.Bsize) < minFreeBytes || s.file.readOnly.Load() {
-		s.probe()
-	}
-}
-
-// probe asks the writer loop for a write that stores nothing (see
-// probeWrite) and waits for it at most 2 s: its outcome goes to the fault
-// log, where /healthz reads it.
-func (s *petStore) probe() {
-	done := make(chan struct{}, 1)
-	timeout := time.After(2 * time.Second)
-	select {
-	case s.queue.probes <- done:
-	case <-timeout:
-		return
-	}
-	select {
-	case <-done:
-	case <-timeout:
-	}
+	return err != nil || st.Flags&stRdonly != 0 || st.Bavail*uint64(st.Bsize) < minFreeBytes || s.file.readOnly.Load()
 }
 
 // quickCheck runs PRAGMA quick_check before the first write, a

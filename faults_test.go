@@ -571,7 +571,7 @@ func straceOf(t *testing.T, cmd *exec.Cmd, calls string, flags ...string) (outpu
 // clients at once, as monitors and load balancers do. On a healthy idle
 // service every answer is 200 and nothing is logged; on a full disk every
 // answer is the 503 of the fault, and the service's writes and fsyncs
-// (counted by strace) follow the background check, about one a second,
+// (counted by strace) follow the writer loop's probe, about one a second,
 // not the requests.
 func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 	dir := mountTmpfs(t, "4m")
@@ -625,7 +625,7 @@ func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 		calls += n
 	}
 	if limit := 10 * int(took.Seconds()+3); calls > limit {
-		t.Errorf("%d writes and fsyncs for %d checks in %s, want at most %d (the background check's):\n%s", calls, requests, took, limit, traced)
+		t.Errorf("%d writes and fsyncs for %d checks in %s, want at most %d (the probes'):\n%s", calls, requests, took, limit, traced)
 	}
 	t.Logf("%d checks of a healthy service, all 200; %d on a full disk in %s, all 503, with %d writes and fsyncs", requests, requests, took.Round(time.Millisecond), calls)
 }

@@ -158,8 +158,6 @@ type petStore struct {
 	lasting     atomic.Pointer[storageError]
 	faults      faultLog
 	commitStart atomic.Int64
-	stopWatch   chan struct{}
-	watchDone   chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -246,8 +244,8 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 	writer.SetConnMaxLifetime(0)
 
 	s := &petStore{file: file, writer: writer, log: log,
-		queue:  writeQueue{writes: make(chan *writeRequest, maxBatch), probes: make(chan chan struct{}), loopDone: make(chan struct{})},
-		faults: faultLog{log: log, path: file.path}, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
+		queue:  writeQueue{writes: make(chan *writeRequest, maxBatch), loopDone: make(chan struct{})},
+		faults: faultLog{log: log, path: file.path}}
 	s.quickCheck()
 	if due && s.lasting.Load() == nil {
 		if err := s.migrate(); err != nil {
@@ -270,9 +268,11 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 		s.load(w, whyStart)
 		return nil
 	})
+	// /healthz tells the truth from its first answer, on a full disk too.
+	if s.storageDoubtful() {
+		s.probeWrite(&w)
+	}
 	go s.writeLoop(w)
-	s.checkHealth()
-	go s.watchHealth(s.stopWatch, s.watchDone)
 	return s, nil
 }
 
@@ -380,8 +380,6 @@ func (s *petStore) close() error {
 		s.queue.closed = true
 		close(s.queue.writes)
 		s.queue.mu.Unlock()
-		close(s.stopWatch)
-		<-s.watchDone
 		<-s.queue.loopDone
 		s.view.published.Store(nil) // a closed store answers nothing
 		// After an I/O error the files are not closed through SQLite,

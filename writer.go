@@ -28,7 +28,7 @@ var errClosed = errors.New("store is closed")
 // deadline; it was not stored.
 var errTimedOut = &storageError{kind: faultTimedOut, err: errors.New("the create's deadline passed before its commit began")}
 
-// writeQueue carries creates, and probes, to the writer loop.
+// writeQueue carries creates to the writer loop.
 type writeQueue struct {
 	// writes feeds the group-commit loop. mu guards closing it: senders
 	// hold it shared, close holds it exclusively.
@@ -36,9 +36,6 @@ type writeQueue struct {
 	mu       sync.RWMutex
 	closed   bool
 	loopDone chan struct{}
-	// probes asks the writer loop for a write that stores nothing, to
-	// learn whether a pet can be stored (see probeWrite).
-	probes chan chan struct{}
 }
 
 // createRequest is one create: the pet and, when the client sent one, its
@@ -151,8 +148,9 @@ const checkpointEvery = 200
 // meanwhile queue for the next batch, which is how batches form under
 // load; a batch after one with company waits a moment for as much (see
 // gather). Once a second it also looks at the files,
-// checkpoints, and while a storage fault is in force tries a write to see
-// it clear.
+// checkpoints, and tries a write that stores nothing while a storage
+// fault is in force, to see it clear, or while the disk looks full or
+// read-only, to see it begin (see storageDoubtful).
 func (s *petStore) writeLoop(w *batchWriter) {
 	defer close(s.queue.loopDone)
 	defer func() { w.close() }()
@@ -171,9 +169,6 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			batch = s.gather(append(batch[:0], first), lastBatch)
 			lastBatch = len(batch)
 			s.commit(w, batch)
-		case done := <-s.queue.probes:
-			s.probeWrite(&w)
-			done <- struct{}{}
 		case <-watch.C:
 			if w.externalWrite() || s.view.master == nil {
 				s.syncView(w)
@@ -185,8 +180,13 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			case s.lasting.Load() != nil:
 			case which != "":
 				s.saveVanished(w, which)
-			case s.faults.current() != nil:
+			case s.faults.current() != nil || s.storageDoubtful():
+				// A probe's frames are checkpointed like a commit's: on a
+				// nearly full disk the -wal must not grow by one a second.
 				s.probeWrite(&w)
+				if w.commits > 0 {
+					s.checkpoint(w)
+				}
 			case w.commits > 0:
 				s.checkpoint(w)
 			}
@@ -390,6 +390,7 @@ func (s *petStore) probeWrite(w **batchWriter) {
 	case err == nil:
 		s.faults.succeeded()
 		s.file.readOnly.Store(false)
+		(*w).commits++
 	case errors.As(s.storageFault(err), &se) && se.kind < faultIO:
 		s.faults.failed(se.kind, err, 0)
 	}
