@@ -293,61 +293,32 @@ func joinProblems(problems []string) string {
 // splitObject parses body as exactly one JSON object and returns its
 // members, unparsed. Duplicate keys and anything after the object are
 // errors. A valid body, which nearly every create sends, is split by
-// splitValid; json.Decoder, which costs a create a tenth of its CPU,
-// walks only a body that is not valid JSON, to say what is wrong.
+// splitValid; a body that is not valid JSON is decoded once more, by
+// json.Decoder, only to say what is wrong with it.
 func splitObject(body []byte) (map[string]json.RawMessage, error) {
+	if body[skipJSONSpace(body, 0)] != '{' {
+		return nil, errors.New("request body must be a JSON object")
+	}
 	if json.Valid(body) {
 		return splitValid(body)
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	malformed := func(err error) error {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return errors.New("request body is not valid JSON: it ends before the object is complete")
-		}
-		return fmt.Errorf("request body is not valid JSON: %v", err)
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, malformed(err)
-	}
-	if tok != json.Delim('{') {
-		return nil, errors.New("request body must be a JSON object")
-	}
-	fields := make(map[string]json.RawMessage)
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, malformed(err)
-		}
-		key := tok.(string) // inside an object, Token returns keys as strings
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, malformed(err)
-		}
-		if _, dup := fields[key]; dup {
-			return nil, fmt.Errorf("field %s appears more than once", quoteValue(key))
-		}
-		fields[key] = raw
-	}
-	if _, err := dec.Token(); err != nil {
-		return nil, malformed(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
+	var first json.RawMessage
+	err := json.NewDecoder(bytes.NewReader(body)).Decode(&first)
+	switch {
+	case err == nil:
 		return nil, errors.New("request body has data after the JSON object; send exactly one object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return nil, errors.New("request body is not valid JSON: it ends before the object is complete")
 	}
-	return fields, nil
+	return nil, fmt.Errorf("request body is not valid JSON: %v", err)
 }
 
 // splitValid is splitObject for a body that json.Valid accepts: one
-// JSON value and nothing after it, so only the object's members need
-// finding, never checking.
+// JSON object and nothing after it, so only its members need finding,
+// never checking.
 func splitValid(body []byte) (map[string]json.RawMessage, error) {
-	i := skipJSONSpace(body, 0)
-	if body[i] != '{' {
-		return nil, errors.New("request body must be a JSON object")
-	}
 	fields := make(map[string]json.RawMessage, 3)
-	for i = skipJSONSpace(body, i+1); body[i] != '}'; i = skipJSONSpace(body, i+1) {
+	for i := skipJSONSpace(body, skipJSONSpace(body, 0)+1); body[i] != '}'; i = skipJSONSpace(body, i+1) {
 		end := endOfJSONValue(body, i)
 		var key string
 		decodeJSONString(body[i:end], &key)
