@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -79,23 +80,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // versionLine describes the build, from what the Go toolchain recorded in
 // the binary: the module version and the VCS revision, time and state.
 func versionLine() string {
-	version, revision, when, modified := "unknown", "unknown", "", ""
+	settings := map[string]string{}
+	version := "unknown"
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		version = bi.Main.Version
 		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				revision = s.Value
-			case "vcs.time":
-				when = ", " + s.Value
-			case "vcs.modified":
-				if s.Value == "true" {
-					modified = ", modified"
-				}
-			}
+			settings[s.Key] = s.Value
 		}
 	}
-	return fmt.Sprintf("petstore %s (revision %s%s%s)", version, revision, when, modified)
+	line := "petstore " + version + " (revision " + cmp.Or(settings["vcs.revision"], "unknown")
+	if t := settings["vcs.time"]; t != "" {
+		line += ", " + t
+	}
+	if settings["vcs.modified"] == "true" {
+		line += ", modified"
+	}
+	return line + ")"
 }
 
 // service is the running program: its listener, store, keys and server.

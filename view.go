@@ -118,15 +118,6 @@ func (c *catalogue) add(id int64, name []byte, category int64, status int) bool 
 	return true
 }
 
-// bytes is the memory the catalogue's arrays hold.
-func (c *catalogue) bytes() int {
-	n := 8*cap(c.ids) + 8*cap(c.categories) + 4*cap(c.nameEnds) + cap(c.names) + cap(c.statuses)
-	for _, p := range c.byStatus {
-		n += 4 * cap(p)
-	}
-	return n
-}
-
 // changeCount is the pets_changes row, kept by triggers on pets: how many
 // rows were ever inserted, and how many updated or deleted, by anyone.
 // Unlike PRAGMA data_version, it moves only for the pets table, not for
@@ -231,16 +222,6 @@ func (v *view) add(pets []Pet) {
 	v.publish()
 }
 
-// countAbove counts the pets with an id above top, and gives the lowest
-// and highest of them.
-func (c *catalogue) countAbove(top int64) (n, lo, hi int64) {
-	i := sort.Search(len(c.ids), func(k int) bool { return c.ids[k] > top })
-	if i == len(c.ids) {
-		return 0, 0, 0
-	}
-	return int64(len(c.ids) - i), c.ids[i], c.ids[len(c.ids)-1]
-}
-
 // externalWriteCheck is how often the writer asks SQLite whether another
 // connection committed to the file, to bring the view up to date.
 const externalWriteCheck = 250 * time.Millisecond
@@ -282,7 +263,7 @@ func (s *petStore) load(w *batchWriter, why string) {
 	// goroutine of its own: the writer, which may be inside a commit,
 	// does not wait for a collection.
 	go debug.FreeOSMemory()
-	s.log.Info("in-memory view loaded", "pets", len(c.ids), "bytes", c.bytes(), "took", time.Since(start).Round(time.Millisecond).String())
+	s.log.Info("in-memory view loaded", "pets", len(c.ids), "took", time.Since(start).Round(time.Millisecond).String())
 }
 
 // Why a load starts, for the log.
@@ -348,13 +329,9 @@ func (s *petStore) checkWentBack(w *batchWriter) error {
 	if err != nil || top >= s.view.highWater {
 		return err
 	}
-	// The view, when it is loaded, knows every pet the file held; while
-	// it loads, the ids above the file's are counted as missing (dense
-	// unless rows were deleted by hand).
+	// Ids are dense unless rows were deleted by hand, so the count is of
+	// the ids above the file's, at most that many pets.
 	n, lo, hi := s.view.highWater-top, top+1, s.view.highWater
-	if c := s.view.master; c != nil {
-		n, lo, hi = c.countAbove(top)
-	}
 	se := &storageError{kind: faultWentBack, err: fmt.Errorf("the file's highest id is %d, but the service held pets up to id %d", top, s.view.highWater)}
 	return s.lastingFault(se, "the database file went back: it no longer holds pets the service stored, so creates are refused until a restart; "+
 		"if the older file is what you meant to serve, restart the service, which serves it and issues ids above every id in it; "+
