@@ -254,7 +254,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	})
 	// Inside the transaction, before its inserts: the view catches up
 	// with any outside change, and a file that went back is refused.
-	results, err := w.commit(batch, func() error { return s.catchUp(w) }, s.view.highWater)
+	results, err := w.commit(batch, func() error { return s.catchUp(w) })
 	s.commitStart.Store(0)
 	if !stalled.Stop() {
 		s.log.Warn("the stalled commit ended", "took", time.Since(start).Round(time.Millisecond).String(), "committed", err == nil, "db", s.file.path)
@@ -279,13 +279,6 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		refuse(se)
 	case se != nil:
 		refuse(se)
-	case errors.Is(err, errIDNotNew):
-		// The transaction is rolled back: the file went back between the
-		// check and the insert.
-		if wentBack := s.checkWentBack(w); wentBack != nil {
-			err = wentBack
-		}
-		refuse(&storageError{kind: faultWentBack, err: err})
 	case len(batch) > 1:
 		// One bad request must not fail its neighbours: the transaction is
 		// rolled back, so commit each on its own and let only the culprit
@@ -502,9 +495,8 @@ func (w *batchWriter) externalWrite() bool {
 // commit stores a batch in one transaction and returns each request's
 // result, or the error that rolled the transaction back. The statements
 // run without the clients' contexts: one client going away must not abort
-// the others' transaction. check runs first in the transaction; every
-// new id must be above floor.
-func (w *batchWriter) commit(batch []*writeRequest, check func() error, floor int64) ([]writeResult, error) {
+// the others' transaction. check runs first in the transaction.
+func (w *batchWriter) commit(batch []*writeRequest, check func() error) ([]writeResult, error) {
 	ctx := context.Background()
 	results := make([]writeResult, len(batch))
 	now := time.Now()
@@ -532,19 +524,12 @@ func (w *batchWriter) commit(batch []*writeRequest, check func() error, floor in
 			if err != nil && !errors.Is(err, errIdempotencyKeyReused) {
 				return err
 			}
-			if err == nil && !replayed && p.ID <= floor {
-				return fmt.Errorf("%w: id %d, the highest held %d", errIDNotNew, p.ID, floor)
-			}
 			results[i] = writeResult{p, replayed, err}
 		}
 		return nil
 	})
 	return results, err
 }
-
-// errIDNotNew: an insert got an id the service has held before, which
-// only a file that went back can give; its transaction is rolled back.
-var errIDNotNew = errors.New("an insert got an id already held")
 
 // inTx runs fn in an immediate transaction on the writer connection.
 func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
