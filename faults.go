@@ -481,7 +481,8 @@ func (s *petStore) storageDoubtful() bool {
 // quickCheck runs PRAGMA quick_check before the first write, a
 // migration's included: a file damaged while the service was down (a
 // disk that failed, a crash after an I/O error) is refused for writing
-// instead of being written on, and what can be read of it is served.
+// instead of being written on, and what can be read of it is served if
+// every row can be.
 func (s *petStore) quickCheck() {
 	var result string
 	err := s.writer.QueryRowContext(context.Background(), "PRAGMA quick_check(1)").Scan(&result)

@@ -34,9 +34,6 @@ type catalogue struct {
 	names      []byte
 	statuses   []uint8    // index into petStatuses
 	byStatus   [3][]int32 // positions of each status's pets, ascending
-	// partial: the file's damage stopped the load after the last pet
-	// held, so pets above it may exist that the view cannot show.
-	partial bool
 }
 
 // statusBytes are the status names, as the encoder takes them.
@@ -78,10 +75,10 @@ func (c *catalogue) get(id int64, fn func(*petRow)) bool {
 }
 
 // list calls fn with each pet of the page that f selects, in id order:
-// at most f.limit pets with an id above f.after, of f.status if set, and
-// returns how many. The status filter walks that status's own positions,
+// at most f.limit pets with an id above f.after, of f.status if set. The
+// status filter walks that status's own positions,
 // not the whole list.
-func (c *catalogue) list(f petFilter, fn func(*petRow)) int {
+func (c *catalogue) list(f petFilter, fn func(*petRow)) {
 	var r petRow
 	if f.status == "" {
 		start := sort.Search(len(c.ids), func(k int) bool { return c.ids[k] > f.after })
@@ -90,7 +87,7 @@ func (c *catalogue) list(f petFilter, fn func(*petRow)) int {
 			c.row(i, &r)
 			fn(&r)
 		}
-		return end - start
+		return
 	}
 	positions := c.byStatus[statusIndex(f.status)]
 	start := sort.Search(len(positions), func(k int) bool { return c.ids[positions[k]] > f.after })
@@ -99,7 +96,6 @@ func (c *catalogue) list(f petFilter, fn func(*petRow)) int {
 		c.row(int(positions[k]), &r)
 		fn(&r)
 	}
-	return end - start
 }
 
 // add appends one pet. It reports false if the pet's id is not above the
@@ -155,8 +151,9 @@ func (v *view) publish() {
 
 // loadCatalogue reads the whole table, with the change count it
 // reflects, through the writer's connection. It runs inside a
-// transaction, so no commit falls between the two. A row it cannot read (the file is damaged) ends the load: the
-// pets read before it come back too, marked partial, with the error.
+// transaction, so no commit falls between the two. A row it cannot
+// read means the file is damaged: there is then no view, and lists and
+// gets are answered 503 until the file is restored.
 func loadCatalogue(ctx context.Context, q *sql.Conn) (*catalogue, changeCount, error) {
 	var known changeCount
 	if err := q.QueryRowContext(ctx, "SELECT inserted, changed FROM pets_changes").Scan(&known.inserted, &known.changed); err != nil {
@@ -183,20 +180,17 @@ func loadCatalogue(ctx context.Context, q *sql.Conn) (*catalogue, changeCount, e
 		if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
 			// The table is STRICT: a value that does not convert was not
 			// written by SQLite, so the file is damaged.
-			c.partial = true
-			return c, known, &storageError{kind: faultDamaged, err: err}
+			return nil, known, &storageError{kind: faultDamaged, err: err}
 		}
 		status := statusIndex(string(r.status))
 		if status < 0 || !c.add(r.id, r.name, r.categoryID, status) {
 			// The CHECK constraint and ORDER BY make this impossible for a
 			// sound file.
-			c.partial = true
-			return c, known, &storageError{kind: faultDamaged, err: fmt.Errorf("pet %d breaks the table's rules", r.id)}
+			return nil, known, &storageError{kind: faultDamaged, err: fmt.Errorf("pet %d breaks the table's rules", r.id)}
 		}
 	}
 	if err := rows.Err(); err != nil {
-		c.partial = true
-		return c, known, err
+		return nil, known, err
 	}
 	return c, known, nil
 }
@@ -242,18 +236,11 @@ func (s *petStore) load(w *batchWriter, why string) {
 	c, known, err := loadCatalogue(context.Background(), w.conn)
 	if err != nil {
 		err = s.storageFault(err)
-	}
-	if err != nil && (c == nil || err != error(s.lasting.Load())) {
 		v.published.Store(nil)
 		v.master, v.failedAt = nil, time.Now()
 		s.log.Warn("the in-memory view could not be loaded: lists and gets are answered 503 until it is; it is tried again every 10 s unless the file is damaged",
 			"err", err.Error(), "db", s.file.path)
 		return
-	}
-	if err != nil {
-		// The file is damaged: the pets read before the damage are served,
-		// and a page or a pet beyond them is a 503 (see listPets, getPet).
-		s.log.Warn("the in-memory view holds the pets read before the damage; lists past them and gets of other pets are answered 503", "pets", len(c.ids), "db", s.file.path)
 	}
 	v.master, v.known = c, known
 	v.publish()
