@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -308,8 +309,18 @@ func newAuthGuard(log *slog.Logger) *authGuard {
 		lines: newLogLimiter(authWindow, maxGuardedAddrs, maxAuthLinesPerMinute)}
 }
 
-// clientAddr is who the guard counts a request against (see clientOf).
-func clientAddr(r *http.Request) string { return clientOf(r.RemoteAddr) }
+// clientAddr is who the guard counts a request against: the client's
+// host, and for IPv6 the /64 it is in, which one subscriber holds whole.
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return host
+}
 
 // failed records a failed authentication from addr, and why ("missing",
 // "malformed", "invalid"), never the key. It returns how long addr is

@@ -37,13 +37,13 @@ func defaultMaxConns() int {
 // limitListener caps client connections at max, so the process never
 // runs out of descriptors or memory. At the cap, a new connection is
 // taken and another closed to make room: first one whose request has not
-// reached the handlers (silent, or slow to send it), the oldest of the
-// client address that has the most such connections, so that a flood
-// from some addresses does not close a new client's connection before
-// its request is read; then the one idle longest between requests. A
-// connection whose request is being served is never closed for room;
-// while every one is, new connections wait in the listen queue. At most
-// one WARN line a minute says the cap is full, with how many were closed.
+// reached the handlers (silent, or slow to send it) after silentAfter,
+// the oldest first, so that a flood of slow connections does not close a
+// new client's before its request is read; then the one idle longest
+// between requests. A connection whose request is being served is never
+// closed for room; while every one is, new connections wait in the
+// listen queue. At most one WARN line a minute says the cap is full, with
+// how many were closed.
 type limitListener struct {
 	net.Listener
 	max       int
@@ -54,14 +54,14 @@ type limitListener struct {
 
 	mu        sync.Mutex
 	open      int
-	waiting   map[string]*list.List // per client: connections not served nor idle, oldest first
-	idle      list.List             // connections idle between requests, longest first
-	answered  list.List             // answered with Connection: close, oldest first
-	fullLines *logLimiter           // the WARN line, once a minute
+	waiting   list.List   // connections not served nor idle, oldest first
+	idle      list.List   // connections idle between requests, longest first
+	answered  list.List   // answered with Connection: close, oldest first
+	fullLines *logLimiter // the WARN line, once a minute
 }
 
 func newLimitListener(ln net.Listener, max int, log *slog.Logger) *limitListener {
-	return &limitListener{Listener: ln, max: max, log: log, waiting: map[string]*list.List{},
+	return &limitListener{Listener: ln, max: max, log: log,
 		fullLines: newLogLimiter(time.Minute, 1, 0), freed: make(chan struct{}, 1), closed: make(chan struct{})}
 }
 
@@ -70,12 +70,12 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	lc := &limitedConn{Conn: c, l: l, client: clientOf(c.RemoteAddr().String())}
+	lc := &limitedConn{Conn: c, l: l}
 	for {
 		l.mu.Lock()
 		if l.open < l.max {
 			l.open++
-			lc.wait()
+			lc.moveTo(&l.waiting)
 			l.mu.Unlock()
 			return lc, nil
 		}
@@ -103,10 +103,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 }
 
 // victim is the connection to close for room, nil when every one is
-// being served or has just come. Of a few client addresses (the map's
-// order is random), the one with the most connections waiting for their
-// request gives its oldest, if that has waited over silentAfter. l.mu is
-// held.
+// being served or has just come. l.mu is held.
 func (l *limitListener) victim() *limitedConn {
 	// A connection answered with Connection: close lingers while Go's
 	// server waits for the client to read its answer (half a second, so
@@ -114,19 +111,8 @@ func (l *limitListener) victim() *limitedConn {
 	if e := l.answered.Front(); e != nil && time.Since(e.Value.(*limitedConn).since) > lingerFor {
 		return e.Value.(*limitedConn)
 	}
-	var heaviest *list.List
-	sampled := 0
-	for _, conns := range l.waiting {
-		silent := time.Since(conns.Front().Value.(*limitedConn).since) > silentAfter
-		if silent && (heaviest == nil || conns.Len() > heaviest.Len()) {
-			heaviest = conns
-		}
-		if sampled++; sampled == 8 {
-			break
-		}
-	}
-	if heaviest != nil {
-		return heaviest.Front().Value.(*limitedConn)
+	if e := l.waiting.Front(); e != nil && time.Since(e.Value.(*limitedConn).since) > silentAfter {
+		return e.Value.(*limitedConn)
 	}
 	if e := l.idle.Front(); e != nil {
 		return e.Value.(*limitedConn)
@@ -175,7 +161,7 @@ func (l *limitListener) connState(c net.Conn, state http.ConnState) {
 		lc.moveTo(&l.idle)
 		l.signal()
 	case state == http.StateActive && lc.in == &l.idle:
-		lc.wait() // a new request begins: not served yet
+		lc.moveTo(&l.waiting) // a new request begins: not served yet
 	}
 }
 
@@ -228,25 +214,11 @@ func (l *limitListener) Close() error {
 	return l.Listener.Close()
 }
 
-// clientOf is the client an address ("host:port") counts for: the host,
-// and for IPv6 the /64 it is in, which one subscriber holds whole.
-func clientOf(addr string) string {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
-		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
-	}
-	return host
-}
-
 // limitedConn gives its slot back when it is closed.
 type limitedConn struct {
 	net.Conn
-	l      *limitListener
-	client string    // clientOf its remote address
-	since  time.Time // when it was last put in a list
+	l     *limitListener
+	since time.Time // when it was last put in a list
 	// Guarded by l.mu: the list it is in (nil while served), its element
 	// there, and whether it was closed.
 	in     *list.List
@@ -254,24 +226,11 @@ type limitedConn struct {
 	closed bool
 }
 
-// wait puts c at the back of its client's waiting list. l.mu is held.
-func (c *limitedConn) wait() {
-	conns := c.l.waiting[c.client]
-	if conns == nil {
-		conns = list.New()
-		c.l.waiting[c.client] = conns
-	}
-	c.moveTo(conns)
-}
-
-// moveTo takes c out of its list, dropping a client's waiting list that
-// empties, and puts it at the back of to (none when nil). l.mu is held.
+// moveTo takes c out of its list and puts it at the back of to (none
+// when nil). l.mu is held.
 func (c *limitedConn) moveTo(to *list.List) {
-	if from := c.in; from != nil {
-		from.Remove(c.elem)
-		if from != &c.l.idle && from != &c.l.answered && from.Len() == 0 {
-			delete(c.l.waiting, c.client)
-		}
+	if c.in != nil {
+		c.in.Remove(c.elem)
 	}
 	c.in, c.elem = to, nil
 	if to != nil {

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestLowDescriptorLimit runs the binary with RLIMIT_NOFILE 128 and more
@@ -154,4 +156,27 @@ func TestServerErrorsAreLimited(t *testing.T) {
 	if strings.Contains(logs.String(), "XRI * HTTP/2.0 1") {
 		t.Errorf("a later client's bytes were logged:\n%s", logs)
 	}
+}
+
+// TestConnectionCap fills -max-conns with connections that send nothing:
+// a new client is answered once they have been silent for a second, the
+// oldest of them is the one closed for it, and one WARN line says the cap
+// was reached.
+func TestConnectionCap(t *testing.T) {
+	// Only the cap closes them: the header timeout is longer than the test.
+	svc := startService(t, nil, "-max-conns", "4", "-read-header-timeout", "5m")
+	var silent []net.Conn
+	for range 4 {
+		c, err := net.Dial("tcp", strings.TrimPrefix(svc.url, "http://"))
+		must(t, err)
+		t.Cleanup(func() { c.Close() })
+		silent = append(silent, c)
+	}
+	client := &http.Client{Transport: &http.Transport{}, Timeout: patience}
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets", client: client}), 200, nil, "[]")
+	silent[0].SetReadDeadline(time.Now().Add(patience))
+	if _, err := silent[0].Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("the oldest silent connection: %v, want it closed (EOF)", err)
+	}
+	checkLines(t, svc.log, `level=WARN msg="connection limit reached: [^"]*" max_conns=4 closed=1`, 1)
 }
