@@ -144,19 +144,6 @@ func classifyErrno(errno syscall.Errno) (faultKind, bool) {
 	return faultNone, false
 }
 
-// asStorageError wraps err as a storageError when it is a storage fault,
-// and returns it unchanged otherwise.
-func asStorageError(err error) error {
-	var se *storageError
-	if err == nil || errors.As(err, &se) {
-		return err
-	}
-	if kind, ok := classifyFault(err); ok {
-		return &storageError{kind: kind, err: err}
-	}
-	return err
-}
-
 // fileID is a file's identity: the same path can name another file later.
 type fileID struct{ dev, ino uint64 }
 
@@ -334,7 +321,7 @@ func (f *faultLog) failed(kind faultKind, cause error, n int) {
 	}
 	f.kind, f.cause, f.since, f.refused = kind, cause, time.Now(), n
 	f.log.Error("storage fault: requests that need it are refused with 503 until it clears",
-		"fault", kind.message(), "err", rootCause(cause).Error(), "db", f.path)
+		"fault", kind.message(), "err", cause.Error(), "db", f.path)
 }
 
 // succeeded records that a write worked: any fault has ended.
@@ -362,16 +349,6 @@ func (f *faultLog) current() *storageError {
 	return &storageError{kind: f.kind, err: f.cause}
 }
 
-// rootCause is the error under a storageError, for the log, which names
-// the fault already.
-func rootCause(err error) error {
-	var se *storageError
-	if errors.As(err, &se) {
-		return se.err
-	}
-	return err
-}
-
 // lastingFault records, once, a fault that lasts until the service is
 // restarted, and tells the operator in one ERROR line what happened and
 // what to do; it returns the fault in force, the first one recorded.
@@ -391,10 +368,13 @@ func (s *petStore) lastingFault(se *storageError, todo string, args ...any) *sto
 // close that checkpoints. The next start recovers from the -wal, which
 // held every acknowledged pet when its commit was fsynced.
 func (s *petStore) storageFault(err error) error {
-	err = asStorageError(err)
 	var se *storageError
 	if !errors.As(err, &se) {
-		return err
+		kind, ok := classifyFault(err)
+		if !ok {
+			return err
+		}
+		se = &storageError{kind: kind, err: err}
 	}
 	switch se.kind {
 	case faultDamaged:
