@@ -16,6 +16,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -29,8 +31,7 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 	(&flagEnv{fs: fs, getenv: getenv, vars: map[string]string{}}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to back up")
 	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this `directory` instead of BACKUP-FILE")
 	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep (a `count`), the newest; older ones this command wrote are deleted")
-	files, err := parseInterspersed(fs, args[1:])
-	if err != nil {
+	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "Usage: %s\n\nWrites a consistent copy of the database, also while the service runs.\n\nFlags:\n", usage)
 			fs.SetOutput(stdout)
@@ -39,8 +40,11 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		return fmt.Errorf("backup: %w", explainFlagError(fs, "petstore backup", nil, err))
 	}
+	files := fs.Args()
 	dst := ""
 	switch {
+	case slices.ContainsFunc(files, func(arg string) bool { return strings.HasPrefix(arg, "-") }):
+		return errors.New("backup: flags go before the backup file: " + usage)
 	case dir == "" && len(files) != 1:
 		return fmt.Errorf("backup: name one backup file, or -dir (got %d names): %s", len(files), usage)
 	case dir == "":
@@ -208,8 +212,7 @@ func runRestore(ctx context.Context, args []string, getenv func(string) string, 
 	var db, from string
 	(&flagEnv{fs: fs, getenv: getenv, vars: map[string]string{}}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to replace")
 	fs.StringVar(&from, "from", "", "the backup `file` to put back, as petstore backup wrote it")
-	rest, err := parseInterspersed(fs, args[1:])
-	if err != nil {
+	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "Usage: %s\n\nReplaces the database with a checked backup, while no service holds it.\n\nFlags:\n", usage)
 			fs.SetOutput(stdout)
@@ -218,7 +221,7 @@ func runRestore(ctx context.Context, args []string, getenv func(string) string, 
 		}
 		return fmt.Errorf("restore: %w", explainFlagError(fs, "petstore restore", nil, err))
 	}
-	if from == "" || len(rest) != 0 {
+	if from == "" || fs.NArg() != 0 {
 		return errors.New("restore: name the backup with -from, and nothing else: " + usage)
 	}
 	pets, err := restoreDatabase(ctx, from, db)

@@ -211,23 +211,6 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	return c, nil
 }
 
-// parseInterspersed parses flags that may come before or after the
-// other arguments ("backup FILE -db X" as well as "backup -db X FILE"),
-// and returns those arguments.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var rest []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return rest, nil
-		}
-		rest = append(rest, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-}
-
 // flagAliases are names people reach for, and the flag that does it.
 var flagAliases = map[string]string{
 	"port": "addr", "listen": "addr", "host": "addr", "bind": "addr", "address": "addr",

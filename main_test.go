@@ -134,7 +134,7 @@ func TestRunFailures(t *testing.T) {
 		{"the key as the certificate", []string{"-addr", "127.0.0.1:0", "-db", filepath.Join(dir, "tls.db"), "-tls-cert", keyFile, "-tls-key", keyFile}, env,
 			"TLS certificate " + keyFile + " and key " + keyFile + ": tls: failed to find certificate PEM data in certificate input, but did find a private key; PEM inputs may have been switched"},
 		{"backup of a missing database", []string{"backup", "-db", missing, filepath.Join(dir, "b.db")}, env, "backup: database to back up: stat " + missing + ": no such file or directory"},
-		{"backup to two files", []string{"backup", "a.db", "-db", missing, "b.db"}, env, "backup: name one backup file, or -dir (got 2 names): petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"},
+		{"backup to two files", []string{"backup", "-db", missing, "a.db", "b.db"}, env, "backup: name one backup file, or -dir (got 2 names): petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"},
 		{"backup -dir with a file", []string{"backup", "-db", missing, "-dir", dir, "extra.db"}, env, "backup: with -dir, name no backup file: petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"},
 		{"backup -keep 0", []string{"backup", "-db", missing, "-dir", dir, "-keep", "0"}, env, "backup: -keep must be at least 1, got 0"},
 		{"keygen with an argument", []string{"keygen", "extra"}, env, `keygen takes no arguments, got "extra" (petstore keygen -h)`},

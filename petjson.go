@@ -125,9 +125,11 @@ func quoteValue(s string) string {
 const maxIdempotencyKey = 255
 
 // idempotencyKey reads the Idempotency-Key header
-// (draft-ietf-httpapi-idempotency-key-header). The draft makes the value a
-// structured-field string, "quoted"; most clients send it bare, so both
-// are accepted and mean the same key. "" means no key was sent.
+// (draft-ietf-httpapi-idempotency-key-header): 1 to 255 printable ASCII
+// characters, taken as sent. The draft writes the key as a quoted
+// structured-field string; quotes a client sends are part of its key, so
+// a client that always sends the same form always meets its own key.
+// "" means no key was sent.
 func idempotencyKey(h http.Header) (string, error) {
 	values := h.Values("Idempotency-Key")
 	if len(values) == 0 {
@@ -138,13 +140,6 @@ func idempotencyKey(h http.Header) (string, error) {
 		return "", errors.New("send one Idempotency-Key header, not several")
 	}
 	key := values[0]
-	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
-		unquoted, ok := unquoteSFString(key)
-		if !ok {
-			return "", errors.New(rule + " (a quoted key may escape only \\ and \")")
-		}
-		key = unquoted
-	}
 	if key == "" || len(key) > maxIdempotencyKey {
 		return "", fmt.Errorf("%s, got %d", rule, len(key))
 	}
@@ -154,15 +149,6 @@ func idempotencyKey(h http.Header) (string, error) {
 		}
 	}
 	return key, nil
-}
-
-// unquoteSFString decodes an RFC 8941 string: quotes around, and only \"
-// and \\ escaped inside. A replacer takes the escapes left to right, as a
-// parser reads them; a backslash or a quote left over is malformed.
-func unquoteSFString(s string) (string, bool) {
-	inner := s[1 : len(s)-1]
-	leftOver := strings.NewReplacer(`\\`, "", `\"`, "").Replace(inner)
-	return strings.NewReplacer(`\\`, `\`, `\"`, `"`).Replace(inner), !strings.ContainsAny(leftOver, `\"`)
 }
 
 // isJSONContentType accepts application/json, with parameters, as long as

@@ -402,7 +402,6 @@ func TestIdempotencyKey(t *testing.T) {
 		for _, tt := range []struct{ name, body, key string }{
 			{"same body", rex, "order-42"},
 			{"same pet written differently", `{ "categoryId": 1, "status": "available", "name": "Rex" }`, "order-42"},
-			{"key as a structured-field string", rex, `"order-42"`},
 		} {
 			got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: tt.body, header: withKey(tt.key)})
 			checkReply(t, got, 201, map[string]string{"Location": "/v1/pets/1", "Idempotent-Replayed": "true"}, created)
@@ -432,10 +431,8 @@ func TestIdempotencyKey(t *testing.T) {
 		}{
 			{"255 characters", strings.Repeat("k", 255), 201, created},
 			{"256 characters", strings.Repeat("k", 256), 400, badKey("Idempotency-Key must be 1 to 255 printable ASCII characters, got 256")},
-			{"quoted empty", `""`, 400, badKey("Idempotency-Key must be 1 to 255 printable ASCII characters, got 0")},
 			{"control character (tab)", "a\tb", 400, badKey("Idempotency-Key must be 1 to 255 printable ASCII characters")},
 			{"non-ASCII", "clé", 400, badKey("Idempotency-Key must be 1 to 255 printable ASCII characters")},
-			{"bad escape in quotes", `"a\b"`, 400, badKey(`Idempotency-Key must be 1 to 255 printable ASCII characters (a quoted key may escape only \ and ")`)},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				got := send(t, svc.url, call{method: "POST", path: "/v1/pets", body: rex, header: withKey(tt.key)})
