@@ -216,8 +216,8 @@ func (v *view) add(pets []Pet) {
 	v.publish()
 }
 
-// externalWriteCheck is how often the writer asks SQLite whether another
-// connection committed to the file, to bring the view up to date.
+// externalWriteCheck is how often the writer reads the file's change
+// count, to bring the view up to date with writes made from outside.
 const externalWriteCheck = 250 * time.Millisecond
 
 // load reads the view afresh, in the writer's transaction, and publishes

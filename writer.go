@@ -170,9 +170,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			lastBatch = len(batch)
 			s.commit(w, batch)
 		case <-watch.C:
-			if w.externalWrite() || s.view.master == nil {
-				s.syncView(w)
-			}
+			s.syncView(w)
 		case <-tick.C:
 			// Also when idle, a file deleted or replaced under the service
 			// is seen, and saved, within a second.
@@ -396,8 +394,7 @@ type batchWriter struct {
 	findKey, insert           *sql.Stmt
 	beginTx, commitTx, rollTx *sql.Stmt
 	beginRead, changes        *sql.Stmt
-	dataVersion               int64 // PRAGMA data_version when last asked
-	commits                   int   // commits since the last checkpoint
+	commits                   int // commits since the last checkpoint
 }
 
 func newBatchWriter(db *sql.DB) (*batchWriter, error) {
@@ -474,22 +471,6 @@ func (w *batchWriter) checkpoint(mode string) error {
 		err = fmt.Errorf("checkpoint(%s) held back by a reader: %d of %d frames copied", mode, done, frames)
 	}
 	return err
-}
-
-// externalWrite reports whether another connection has committed to the
-// file since the last call. PRAGMA data_version on the writer's own
-// connection changes only for commits made by others: an operator's
-// sqlite3 shell, a restore, another process.
-func (w *batchWriter) externalWrite() bool {
-	var v int64
-	if err := w.conn.QueryRowContext(context.Background(), "PRAGMA data_version").Scan(&v); err != nil {
-		return false
-	}
-	// The first ask, on a new connection, counts as a change: the file may
-	// have changed before there was a value to compare with.
-	changed := v != w.dataVersion
-	w.dataVersion = v
-	return changed
 }
 
 // commit stores a batch in one transaction and returns each request's
