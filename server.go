@@ -5,7 +5,6 @@ package main
 
 import (
 	_ "embed"
-	"errors"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -149,11 +148,7 @@ func serveIndex(w http.ResponseWriter, r *http.Request) {
 // monitors and systemd; it needs no key. The store logs each fault once.
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	if err := s.store.health(); err != nil {
-		var fault *storageError
-		if !errors.As(err, &fault) {
-			fault = &storageError{kind: faultNotAnswering, err: err}
-		}
-		writeStoreError(w, r, s.log, fault)
+		writeStoreError(w, r, s.log, err) // a storageError: its 503
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {
