@@ -138,41 +138,25 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("backup file %s already exists; a backup never overwrites a file", dst)
 	}
-	// Created empty and private here; VACUUM INTO fills an empty file.
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
-	if err != nil {
-		return 0, fmt.Errorf("backup file: %w", err)
-	}
-	tmpPath := tmp.Name()
-	tmp.Close()
-	defer func() {
-		os.Remove(tmpPath)
-		os.Remove(tmpPath + "-journal")
-	}()
-
 	db, err := sql.Open(sqliteDriver, sqliteDSN(src))
 	if err != nil {
 		return 0, err
 	}
 	defer db.Close()
-	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", tmpPath); err != nil {
+	tmp, err := vacuumInto(ctx, db, filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
+	if err != nil {
 		return 0, fmt.Errorf("back up %s: %w", src, err)
 	}
-	if pets, err = checkBackup(ctx, tmpPath); err != nil {
+	defer os.Remove(tmp)
+	if pets, err = checkBackup(ctx, tmp); err != nil {
 		return 0, err
-	}
-	if err := syncPath(tmpPath); err != nil {
-		return 0, fmt.Errorf("backup file: %w", err)
 	}
 	// A link, unlike a rename, refuses to replace a file that appeared at
 	// dst meanwhile.
-	if err := os.Link(tmpPath, dst); err != nil {
+	if err := os.Link(tmp, dst); err != nil {
 		return 0, fmt.Errorf("backup file: %w", err)
 	}
-	if err := syncPath(filepath.Dir(dst)); err != nil {
-		return 0, fmt.Errorf("backup file: %w", err)
-	}
-	return pets, nil
+	return pets, syncPath(filepath.Dir(dst))
 }
 
 // checkBackup checks a copy before it is called a backup, or put back,
@@ -255,26 +239,17 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 	// The copy is written by SQLite from the backup as SQLite reads it,
 	// its -wal included (a backup left by a killed service has one), then
 	// checked and counted itself.
-	tmp, err := os.CreateTemp(filepath.Dir(db), "."+filepath.Base(db)+".restore-*")
-	if err != nil {
-		return 0, err
-	}
-	tmpPath := tmp.Name()
-	tmp.Close()
-	defer os.Remove(tmpPath)
 	src, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: from}).EscapedPath()+"?mode=ro")
 	if err != nil {
 		return 0, err
 	}
-	_, err = src.ExecContext(ctx, "VACUUM INTO ?", tmpPath)
-	src.Close()
+	defer src.Close()
+	tmp, err := vacuumInto(ctx, src, filepath.Dir(db), "."+filepath.Base(db)+".restore-*")
 	if err != nil {
 		return 0, fmt.Errorf("copy the backup beside %s: %w", db, err)
 	}
-	if pets, err = checkBackup(ctx, tmpPath); err != nil {
-		return 0, err
-	}
-	if err := syncPath(tmpPath); err != nil {
+	defer os.Remove(tmp)
+	if pets, err = checkBackup(ctx, tmp); err != nil {
 		return 0, err
 	}
 	for _, companion := range []string{db + "-wal", db + "-shm"} {
@@ -282,7 +257,7 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 			return 0, err
 		}
 	}
-	if err := os.Rename(tmpPath, db); err != nil {
+	if err := os.Rename(tmp, db); err != nil {
 		return 0, err
 	}
 	return pets, syncPath(filepath.Dir(db))

@@ -274,22 +274,27 @@ func syncPath(path string) error {
 }
 
 // vacuumInto writes a consistent, self-contained copy of what conn sees
-// to dst, a new file private to the service's user, and fsyncs it and its
-// directory. VACUUM INTO reads one snapshot, so it neither blocks a writer
-// nor copies a half-committed state.
+// to a new file private to the service's user, in dir, named by pattern
+// as os.CreateTemp names it, and fsyncs the file and dir; it returns the
+// file's path. VACUUM INTO reads one snapshot, so it neither blocks a
+// writer nor copies a half-committed state. A copy that fails is
+// removed.
 func vacuumInto(ctx context.Context, conn interface {
 	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, dst string) error {
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+}, dir, pattern string) (string, error) {
+	f, err := os.CreateTemp(dir, pattern)
 	if err != nil {
-		return err
+		return "", err
 	}
 	f.Close()
-	if _, err := conn.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
-		os.Remove(dst)
-		return err
+	if _, err = conn.ExecContext(ctx, "VACUUM INTO ?", f.Name()); err == nil {
+		err = errors.Join(syncPath(f.Name()), syncPath(dir))
 	}
-	return errors.Join(syncPath(dst), syncPath(filepath.Dir(dst)))
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
 }
 
 // faultLog remembers the passing storage fault in force (a full disk, a
@@ -401,10 +406,8 @@ func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 		kind = faultReplaced
 	}
 	se := &storageError{kind: kind, err: fmt.Errorf("%s was deleted or replaced", which)}
-	// To the nanosecond, so that a second save (after a restart) never
-	// meets the first one's name.
-	saved := s.file.path + ".saved-" + time.Now().UTC().Format("20060102T150405.000000000Z")
-	err := vacuumInto(context.Background(), w.conn, saved)
+	saved, err := vacuumInto(context.Background(), w.conn, filepath.Dir(s.file.path),
+		filepath.Base(s.file.path)+".saved-"+time.Now().UTC().Format("20060102T150405Z")+"-*")
 	w.checkpoint("TRUNCATE")
 	if err != nil {
 		s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
