@@ -116,13 +116,6 @@ func generateAPIKey() (string, error) {
 	return base64.RawURLEncoding.EncodeToString(b), nil
 }
 
-// keysFileLine is how a key is written in a keys file without its plain
-// text: "sha256:" and the hex of its digest.
-func keysFileLine(key string) string {
-	d := digestOf(key)
-	return "sha256:" + hex.EncodeToString(d[:])
-}
-
 // parseKeysFile reads a keys file: one key a line, either the key itself
 // or "sha256:<hex digest>"; blank lines and "#" comments (a whole line, or
 // after the key and a space) are ignored. Errors name the line, never the
@@ -216,9 +209,10 @@ func bearerToken(r *http.Request) (token string, ok, malformed bool) {
 // challenge (RFC 6750), or 429 once its address has failed too often.
 // The key is checked first, so a valid key is served whatever else came
 // from its address. Neither the key nor the header is ever logged or
-// echoed: sawKey is given only the digest of a well-formed key, valid or
-// not, so the caller can tell keys apart in its log.
-func requireAPIKey(keys *keyRing, guard *authGuard, sawKey func(*http.Request, keyDigest), next http.Handler) http.Handler {
+// echoed: the request's info (see logRequests) gets only the digest of a
+// well-formed key, valid or not, so the log can tell keys apart and an
+// Idempotency-Key is scoped to its key.
+func requireAPIKey(keys *keyRing, guard *authGuard, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, present, malformed := bearerToken(r)
 		why, challenge := "missing", `Bearer realm="petstore"`
@@ -231,7 +225,8 @@ func requireAPIKey(keys *keyRing, guard *authGuard, sawKey func(*http.Request, k
 			}
 		case present:
 			d := digestOf(token)
-			sawKey(r, d)
+			info, _ := infoOf(r.Context())
+			info.key, info.hasKey = d, true
 			if keys.acceptsDigest(d) {
 				next.ServeHTTP(w, r)
 				return
@@ -266,7 +261,9 @@ func runKeygen(args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("keygen: %w", err)
 	}
-	fmt.Fprintf(stdout, "key: %s\nkeys-file line: %s\n", key, keysFileLine(key))
+	// The keys-file line holds the key's digest, not the key.
+	d := digestOf(key)
+	fmt.Fprintf(stdout, "key: %s\nkeys-file line: sha256:%s\n", key, hex.EncodeToString(d[:]))
 	return nil
 }
 

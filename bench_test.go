@@ -133,7 +133,7 @@ func startFloor(b *testing.B, answers map[string][]byte) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(b, err)
 	srv := &http.Server{
-		Handler:           requireAPIKey(newKeyRing([]keyDigest{digestOf(testKey)}), nil, func(*http.Request, keyDigest) {}, handler),
+		Handler:           requireAPIKey(newKeyRing([]keyDigest{digestOf(testKey)}), nil, handler),
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,
 		WriteTimeout:      cfg.writeTimeout,

@@ -52,13 +52,6 @@ func infoOf(ctx context.Context) (info *requestInfo, ok bool) {
 	return &requestInfo{}, false
 }
 
-// noteKeyID records which key a request sent, for the access log and the
-// Idempotency-Key's scope.
-func noteKeyID(r *http.Request, d keyDigest) {
-	info, _ := infoOf(r.Context())
-	info.key, info.hasKey = d, true
-}
-
 // maxRequestID is the longest X-Request-Id kept from a client.
 const maxRequestID = 128
 

@@ -59,7 +59,7 @@ func (s *server) routes() []route {
 func newHandler(s *server) http.Handler {
 	mux := http.NewServeMux()
 	keyed := func(h http.Handler) http.Handler {
-		return requireAPIKey(s.keys, s.guard, noteKeyID, h)
+		return requireAPIKey(s.keys, s.guard, h)
 	}
 	wrap := func(r route, h http.Handler) http.Handler {
 		if !r.public {
