@@ -259,16 +259,8 @@ type certificate struct {
 	current           atomic.Pointer[tls.Certificate]
 }
 
-// loadCertificate reads the pair; a start with a broken pair fails.
-func loadCertificate(certFile, keyFile string) (*certificate, error) {
-	c := &certificate{certFile: certFile, keyFile: keyFile}
-	if err := c.reload(); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// reload reads the pair again; a broken pair leaves the one in force.
+// reload reads the pair (again); a broken pair leaves the one in force,
+// and fails a start.
 func (c *certificate) reload() error {
 	pair, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
 	if err != nil {
@@ -276,16 +268,6 @@ func (c *certificate) reload() error {
 	}
 	c.current.Store(&pair)
 	return nil
-}
-
-// tlsConfig serves the current certificate to every new handshake.
-func (c *certificate) tlsConfig() *tls.Config {
-	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			return c.current.Load(), nil
-		},
-	}
 }
 
 // serverErrors is the http.Server's error log. What it says is a

@@ -132,10 +132,14 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr
 	s.keys = newKeyRing(digests)
 	var tlsConfig *tls.Config
 	if cfg.tlsCert != "" {
-		if s.cert, err = loadCertificate(cfg.tlsCert, cfg.tlsKey); err != nil {
+		s.cert = &certificate{certFile: cfg.tlsCert, keyFile: cfg.tlsKey}
+		if err := s.cert.reload(); err != nil {
 			return nil, err
 		}
-		tlsConfig = s.cert.tlsConfig()
+		// Every new handshake gets the certificate in force.
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return s.cert.current.Load(), nil
+		}}
 	}
 	tcpLn, err := net.Listen("tcp", cfg.addr)
 	if err != nil {

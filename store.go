@@ -231,7 +231,12 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 		file.close()
 		var sqliteErr sqlite3.Error
 		if file.readOnly.Load() && errors.As(err, &sqliteErr) {
-			err = readOnlyStartError(err)
+			// SQLite's own message ("unable to open database file",
+			// "attempt to write a readonly database") does not say that
+			// opening the file needs a write.
+			err = fmt.Errorf("the database file or its filesystem is read-only, and to open it SQLite must write "+
+				"(switch a rollback-journal file to WAL, or create the -wal and -shm of a WAL file) (%v): "+
+				"make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)", err)
 		}
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
@@ -279,16 +284,6 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 	}
 	go s.writeLoop(w)
 	return s, nil
-}
-
-// readOnlyStartError names the real cause when a file that can only be
-// read cannot be opened: SQLite's own message ("unable to open database
-// file", "attempt to write a readonly database") does not say that
-// opening it needs a write.
-func readOnlyStartError(err error) error {
-	return fmt.Errorf("the database file or its filesystem is read-only, and to open it SQLite must write "+
-		"(switch a rollback-journal file to WAL, or create the -wal and -shm of a WAL file) (%v): "+
-		"make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)", err)
 }
 
 // inspect reads whose file this is and whether a migration is due. A
@@ -485,11 +480,6 @@ type catalogue struct {
 // statusBytes are the status names, as the encoder takes them.
 var statusBytes = [3][]byte{[]byte(petStatuses[0]), []byte(petStatuses[1]), []byte(petStatuses[2])}
 
-// statusIndex is s's position in petStatuses, or -1.
-func statusIndex(s string) int {
-	return slices.Index(petStatuses, s)
-}
-
 // row fills r with the pet at position i; r's slices alias the
 // catalogue, which never changes, so they stay valid.
 func (c *catalogue) row(i int, r *petRow) {
@@ -535,7 +525,7 @@ func (c *catalogue) list(f petFilter, fn func(*petRow)) {
 		}
 		return
 	}
-	positions := c.byStatus[statusIndex(f.status)]
+	positions := c.byStatus[slices.Index(petStatuses, f.status)]
 	start := sort.Search(len(positions), func(k int) bool { return c.ids[positions[k]] > f.after })
 	end := min(len(positions), start+f.limit)
 	for k := start; k < end; k++ {
@@ -628,7 +618,7 @@ func loadCatalogue(ctx context.Context, q *sql.Conn) (*catalogue, changeCount, e
 			// written by SQLite, so the file is damaged.
 			return nil, known, &storageError{kind: faultDamaged, err: err}
 		}
-		status := statusIndex(string(r.status))
+		status := slices.Index(petStatuses, string(r.status))
 		if status < 0 || !c.add(r.id, r.name, r.categoryID, status) {
 			// The CHECK constraint and ORDER BY make this impossible for a
 			// sound file.
@@ -651,7 +641,7 @@ func (v *view) add(pets []Pet) {
 	for _, p := range pets {
 		// The name's bytes are only copied into the arena, never changed.
 		name := unsafe.Slice(unsafe.StringData(p.Name), len(p.Name))
-		status := statusIndex(p.Status)
+		status := slices.Index(petStatuses, p.Status)
 		if status < 0 || !v.master.add(p.ID, name, p.CategoryID, status) {
 			v.published.Store(nil)
 			v.master = nil
