@@ -76,7 +76,9 @@ func writeInternalError(w http.ResponseWriter, r *http.Request, log *slog.Logger
 func writeStoreError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	var fault *storageError
 	if errors.As(err, &fault) {
-		fault.answer(w)
+		t := faultText[fault.kind]
+		w.Header().Set("Retry-After", t.retryAfter)
+		writeError(w, http.StatusServiceUnavailable, t.code, t.message)
 		return
 	}
 	writeInternalError(w, r, log, err)

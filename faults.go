@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -64,13 +63,6 @@ var faultText = map[faultKind]struct{ message, code, retryAfter string }{
 
 func (k faultKind) message() string { return faultText[k].message }
 
-// hidesPets reports whether, while the fault lasts, a pet the store cannot
-// find may still exist: the file cannot be read whole, or no longer holds
-// pets it held. A missing pet is then a 503, never a 404.
-func (k faultKind) hidesPets() bool {
-	return k == faultIO || k == faultDamaged || k == faultWentBack
-}
-
 // storageError is a store failure with a known cause outside the service.
 // Handlers answer it with 503 and Retry-After; it is logged once per
 // fault, not per request.
@@ -81,12 +73,6 @@ type storageError struct {
 
 func (e *storageError) Error() string { return e.kind.message() + ": " + e.err.Error() }
 
-// answer is the fault's 503: its Retry-After, and its Error body.
-func (e *storageError) answer(w http.ResponseWriter) {
-	t := faultText[e.kind]
-	w.Header().Set("Retry-After", t.retryAfter)
-	writeError(w, http.StatusServiceUnavailable, t.code, t.message)
-}
 func (e *storageError) Unwrap() error { return e.err }
 
 // classifyFault tells whether err comes from the storage rather than from

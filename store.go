@@ -427,9 +427,10 @@ func (s *petStore) getPet(id int64, fn func(*petRow)) error {
 	if c.get(id, fn) {
 		return nil
 	}
-	// A file known to be unreadable or to have lost pets may hold the pet
-	// it did not give: that is no answer to give a client as a 404.
-	if f := s.lasting.Load(); f != nil && f.kind.hidesPets() {
+	// A file that cannot be read whole (an I/O error, damage), or that
+	// lost pets it held, may hold the pet it did not give: that is no
+	// answer to give a client as a 404.
+	if f := s.lasting.Load(); f != nil && (f.kind == faultIO || f.kind == faultDamaged || f.kind == faultWentBack) {
 		return f
 	}
 	return errNotFound
