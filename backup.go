@@ -43,7 +43,7 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 	files := fs.Args()
 	dst := ""
 	switch {
-	case slices.ContainsFunc(files, func(arg string) bool { return strings.HasPrefix(arg, "-") }):
+	case len(files) > 1 && slices.ContainsFunc(files[1:], func(arg string) bool { return strings.HasPrefix(arg, "-") }):
 		return errors.New("backup: flags go before the backup file: " + usage)
 	case dir == "" && len(files) != 1:
 		return fmt.Errorf("backup: name one backup file, or -dir (got %d names): %s", len(files), usage)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -29,6 +30,14 @@ func TestCommandLines(t *testing.T) {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("-h lacks %q:\n%s", want, help.String())
 		}
+	}
+	// After --, a file name may begin with a dash.
+	db := filepath.Join(t.TempDir(), "pets.db")
+	preloadPets(t, db, 3)
+	t.Chdir(t.TempDir())
+	must(t, run(context.Background(), []string{"petstore", "backup", "-db", db, "--", "-dash.db"}, env, io.Discard, io.Discard))
+	if _, err := os.Stat("-dash.db"); err != nil {
+		t.Errorf("backup -- -dash.db: %v", err)
 	}
 	// Flags after the file name are refused with the order to use.
 	err := run(context.Background(), []string{"petstore", "backup", "b.db", "-db", "pets.db"}, env, io.Discard, io.Discard)
