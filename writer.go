@@ -393,7 +393,7 @@ type batchWriter struct {
 	conn                      *sql.Conn
 	findKey, insert           *sql.Stmt
 	beginTx, commitTx, rollTx *sql.Stmt
-	beginRead, changes        *sql.Stmt
+	beginRead, changes, top   *sql.Stmt
 	commits                   int // commits since the last checkpoint
 }
 
@@ -426,6 +426,7 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 		{&w.rollTx, "ROLLBACK"},
 		{&w.beginRead, "BEGIN DEFERRED"},
 		{&w.changes, "SELECT inserted, changed FROM pets_changes"},
+		{&w.top, topIDQuery},
 	} {
 		if *st.stmt, err = conn.PrepareContext(ctx, st.text); err != nil {
 			w.close()
@@ -437,7 +438,7 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 
 // close closes the statements and gives the connection back to its pool.
 func (w *batchWriter) close() {
-	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx, w.beginRead, w.changes} {
+	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx, w.beginRead, w.changes, w.top} {
 		if stmt != nil {
 			stmt.Close()
 		}
@@ -561,7 +562,7 @@ func (w *batchWriter) changeCount() (changeCount, error) {
 // insert gets a higher one.
 func (w *batchWriter) topID() (int64, error) {
 	var top int64
-	err := w.conn.QueryRowContext(context.Background(), topIDQuery).Scan(&top)
+	err := w.top.QueryRowContext(context.Background()).Scan(&top)
 	return top, err
 }
 
