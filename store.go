@@ -719,16 +719,13 @@ func (s *petStore) catchUp(w *batchWriter) error {
 		}
 		cur = changeCount{-1, -1} // no count: an older copy of the file, say
 	}
-	// Every look asks whether the file went back, whatever its count
-	// says: an older copy can be brought to the same count (rows inserted
-	// with ids of their own), and a create must not get an id that was
-	// acknowledged for another pet. A file that went back is loaded once
-	// too: reads serve what it holds.
-	wasLasting := s.lasting.Load() != nil
-	wentBack := s.checkWentBack(w)
-	if v.master != nil && cur == v.known && (wentBack == nil || wasLasting) {
-		return wentBack
+	if v.master != nil && cur == v.known {
+		return nil
 	}
+	// A file that went back is loaded too: reads serve what it holds. One
+	// whose count or top id does not show it is refused by the commit
+	// (errIDNotNew).
+	wentBack := s.checkWentBack(w)
 	switch {
 	case v.master != nil:
 		s.load(w, whyOutside)

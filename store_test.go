@@ -345,31 +345,41 @@ func TestViewCatchesUpOutsideAppends(t *testing.T) {
 	checkViewMatchesSQLite(t, s, 26)
 }
 
-// TestWentBackAtTheSameCount: an older copy brought up to the file's
-// change count with rows of ids of their own, and put under the service,
-// is still seen to have gone back: the next create is refused, and no id
-// acknowledged for one pet is handed out for another.
-func TestWentBackAtTheSameCount(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "pets.db")
-	svc := startService(t, nil, "-db", path)
-	for i := range 10 {
-		createPets(t, svc.url, fmt.Sprintf(`{"name":"Old %d","categoryId":1}`, i+1))
-	}
-	older := filepath.Join(dir, "older.db")
-	_, err := backupDatabase(context.Background(), path, older)
-	must(t, err)
-	for i := range 5 {
-		createPets(t, svc.url, fmt.Sprintf(`{"name":"New %d","categoryId":1}`, i+1))
-	}
-	sqlExec(t, older, "INSERT INTO pets (id, name, category_id, status) VALUES (-1, 'x', 1, 'sold'), (-2, 'x', 1, 'sold'), (-3, 'x', 1, 'sold'), (-4, 'x', 1, 'sold'), (-5, 'x', 1, 'sold')")
-	restoreUnder(t, older, path)
-	want := errBody(503, codeAcknowledgedPetsMissing, faultWentBack.message())
-	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}), 503, map[string]string{"Retry-After": "60"}, want)
-	var above int
-	must(t, sqlReader(t, path).QueryRow("SELECT count(*) FROM pets WHERE id > 10").Scan(&above))
-	if above != 0 {
-		t.Errorf("%d pets above id 10 in the restored file, want none: an acknowledged id was handed out again", above)
+// TestWentBackUnseenByItsCount puts under the service older copies
+// doctored so that neither the change count nor the top id shows that
+// they went back: brought up to the file's count with rows of ids of
+// their own, or with the pets table renamed so that SQLite uses another
+// sequence row than the one the top id reads. The next create is
+// refused, and no id acknowledged for one pet is handed out for another.
+func TestWentBackUnseenByItsCount(t *testing.T) {
+	for name, doctor := range map[string]string{
+		"count padded with negative ids": "INSERT INTO pets (id, name, category_id, status) VALUES (-1, 'x', 1, 'sold'), (-2, 'x', 1, 'sold'), (-3, 'x', 1, 'sold'), (-4, 'x', 1, 'sold'), (-5, 'x', 1, 'sold')",
+		"sequence row not SQLite's":      "ALTER TABLE pets RENAME TO pets_tmp; ALTER TABLE pets_tmp RENAME TO Pets; INSERT INTO sqlite_sequence VALUES ('pets', 15)",
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "pets.db")
+			svc := startService(t, nil, "-db", path)
+			for i := range 10 {
+				createPets(t, svc.url, fmt.Sprintf(`{"name":"Old %d","categoryId":1}`, i+1))
+			}
+			older := filepath.Join(dir, "older.db")
+			_, err := backupDatabase(context.Background(), path, older)
+			must(t, err)
+			for i := range 5 {
+				createPets(t, svc.url, fmt.Sprintf(`{"name":"New %d","categoryId":1}`, i+1))
+			}
+			sqlExec(t, older, doctor)
+			restoreUnder(t, older, path)
+			want := errBody(503, codeAcknowledgedPetsMissing, faultWentBack.message())
+			checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}), 503, map[string]string{"Retry-After": "60"}, want)
+			var above int
+			must(t, sqlReader(t, path).QueryRow("SELECT count(*) FROM pets WHERE id > 10").Scan(&above))
+			if above != 0 {
+				t.Errorf("%d pets above id 10 in the restored file, want none: an acknowledged id was handed out again", above)
+			}
+			checkLines(t, svc.log, `level=ERROR msg="the database file went back`, 1)
+		})
 	}
 }
 

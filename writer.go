@@ -252,7 +252,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	})
 	// Inside the transaction, before its inserts: the view catches up
 	// with any outside change, and a file that went back is refused.
-	results, err := w.commit(batch, func() error { return s.catchUp(w) })
+	results, err := w.commit(batch, func() error { return s.catchUp(w) }, s.view.highWater)
 	s.commitStart.Store(0)
 	if !stalled.Stop() {
 		s.log.Warn("the stalled commit ended", "took", time.Since(start).Round(time.Millisecond).String(), "committed", err == nil, "db", s.file.path)
@@ -277,6 +277,12 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		refuse(se)
 	case se != nil:
 		refuse(se)
+	case errors.Is(err, errIDNotNew):
+		// The transaction is rolled back. The file went back in a way its
+		// top id does not show (a pets table without AUTOINCREMENT, a
+		// sequence row SQLite does not use), and lasts as checkWentBack's.
+		refuse(s.lastingFault(&storageError{kind: faultWentBack, err: err}, "the database file went back: an insert got an id acknowledged before, "+
+			"so creates are refused until a restart (docs/operations.md: Outside writes, restores and replicas)"))
 	case len(batch) > 1:
 		// One bad request must not fail its neighbours: the transaction is
 		// rolled back, so commit each on its own and let only the culprit
@@ -393,7 +399,7 @@ type batchWriter struct {
 	conn                      *sql.Conn
 	findKey, insert           *sql.Stmt
 	beginTx, commitTx, rollTx *sql.Stmt
-	beginRead, changes, top   *sql.Stmt
+	beginRead, changes        *sql.Stmt
 	commits                   int // commits since the last checkpoint
 }
 
@@ -426,7 +432,6 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 		{&w.rollTx, "ROLLBACK"},
 		{&w.beginRead, "BEGIN DEFERRED"},
 		{&w.changes, "SELECT inserted, changed FROM pets_changes"},
-		{&w.top, topIDQuery},
 	} {
 		if *st.stmt, err = conn.PrepareContext(ctx, st.text); err != nil {
 			w.close()
@@ -438,7 +443,7 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 
 // close closes the statements and gives the connection back to its pool.
 func (w *batchWriter) close() {
-	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx, w.beginRead, w.changes, w.top} {
+	for _, stmt := range []*sql.Stmt{w.findKey, w.insert, w.beginTx, w.commitTx, w.rollTx, w.beginRead, w.changes} {
 		if stmt != nil {
 			stmt.Close()
 		}
@@ -477,8 +482,9 @@ func (w *batchWriter) checkpoint(mode string) error {
 // commit stores a batch in one transaction and returns each request's
 // result, or the error that rolled the transaction back. The statements
 // run without the clients' contexts: one client going away must not abort
-// the others' transaction. check runs first in the transaction.
-func (w *batchWriter) commit(batch []*writeRequest, check func() error) ([]writeResult, error) {
+// the others' transaction. check runs first in the transaction; every
+// new id must be above floor.
+func (w *batchWriter) commit(batch []*writeRequest, check func() error, floor int64) ([]writeResult, error) {
 	ctx := context.Background()
 	results := make([]writeResult, len(batch))
 	now := time.Now()
@@ -506,12 +512,19 @@ func (w *batchWriter) commit(batch []*writeRequest, check func() error) ([]write
 			if err != nil && !errors.Is(err, errIdempotencyKeyReused) {
 				return err
 			}
+			if err == nil && !replayed && p.ID <= floor {
+				return fmt.Errorf("%w: id %d, the highest held %d", errIDNotNew, p.ID, floor)
+			}
 			results[i] = writeResult{p, replayed, err}
 		}
 		return nil
 	})
 	return results, err
 }
+
+// errIDNotNew: an insert got an id the service has held before, which
+// only a file that went back can give; its transaction is rolled back.
+var errIDNotNew = errors.New("an insert got an id already held")
 
 // inTx runs fn in an immediate transaction on the writer connection.
 func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
@@ -562,7 +575,7 @@ func (w *batchWriter) changeCount() (changeCount, error) {
 // insert gets a higher one.
 func (w *batchWriter) topID() (int64, error) {
 	var top int64
-	err := w.top.QueryRowContext(context.Background()).Scan(&top)
+	err := w.conn.QueryRowContext(context.Background(), topIDQuery).Scan(&top)
 	return top, err
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -107,6 +108,29 @@ func TestWALIsBounded(t *testing.T) {
 	waitFor(t, patience, "the WAL to shrink under the limit", func() bool { return walSize() <= limit })
 	t.Logf("WAL: %d bytes while the reader held it (limit %d); %d bytes %s after it let go, creates going on",
 		grown, limit, walSize(), time.Since(released).Round(time.Millisecond))
+}
+
+// TestWriterRefusesAnIDHeldBefore: the last guard against a file that
+// went back. An insert that gets an id at or below the highest the
+// service has held rolls its whole transaction back.
+func TestWriterRefusesAnIDHeldBefore(t *testing.T) {
+	w, db := newTestBatchWriter(t)
+	request := func(name string) *writeRequest {
+		return &writeRequest{ctx: context.Background(), done: make(chan writeResult, 1),
+			req: createRequest{pet: NewPet{Name: name, CategoryID: 1, Status: "sold"}}}
+	}
+	none := func() error { return nil }
+	if _, err := w.commit([]*writeRequest{request("A"), request("B")}, none, 1); !errors.Is(err, errIDNotNew) {
+		t.Errorf("a batch whose first id is at the floor: %v, want errIDNotNew", err)
+	}
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM pets").Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d pets stored (%v), want none", n, err)
+	}
+	results, err := w.commit([]*writeRequest{request("C")}, none, 0)
+	if err != nil || results[0].err != nil || results[0].pet.ID != 1 {
+		t.Errorf("above the floor: %+v, %v; want pet 1 stored", results, err)
+	}
 }
 
 // TestOneRefusedCreateSparesItsBatch: a trigger an operator added refuses
