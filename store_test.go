@@ -379,6 +379,10 @@ func TestWentBackUnseenByItsCount(t *testing.T) {
 				t.Errorf("%d pets above id 10 in the restored file, want none: an acknowledged id was handed out again", above)
 			}
 			checkLines(t, svc.log, `level=ERROR msg="the database file went back`, 1)
+			waitFor(t, patience, "reads to serve the restored file, which holds no pet above 10", func() bool {
+				r := send(t, svc.url, call{method: "GET", path: "/v1/pets?after=10"})
+				return r.status == 200 && string(r.body) == "[]\n"
+			})
 		})
 	}
 }

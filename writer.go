@@ -283,6 +283,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		// sequence row SQLite does not use), and lasts as checkWentBack's.
 		refuse(s.lastingFault(&storageError{kind: faultWentBack, err: err}, "the database file went back: an insert got an id acknowledged before, "+
 			"so creates are refused until a restart (docs/operations.md: Outside writes, restores and replicas)"))
+		s.view.known = changeCount{-1, -1} // the next look loads the view: reads serve what the file holds
 	case len(batch) > 1:
 		// One bad request must not fail its neighbours: the transaction is
 		// rolled back, so commit each on its own and let only the culprit
