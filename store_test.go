@@ -357,18 +357,7 @@ func TestWentBackUnseenByItsCount(t *testing.T) {
 		"sequence row not SQLite's":      "ALTER TABLE pets RENAME TO pets_tmp; ALTER TABLE pets_tmp RENAME TO Pets; INSERT INTO sqlite_sequence VALUES ('pets', 15)",
 	} {
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
-			path := filepath.Join(dir, "pets.db")
-			svc := startService(t, nil, "-db", path)
-			for i := range 10 {
-				createPets(t, svc.url, fmt.Sprintf(`{"name":"Old %d","categoryId":1}`, i+1))
-			}
-			older := filepath.Join(dir, "older.db")
-			_, err := backupDatabase(context.Background(), path, older)
-			must(t, err)
-			for i := range 5 {
-				createPets(t, svc.url, fmt.Sprintf(`{"name":"New %d","categoryId":1}`, i+1))
-			}
+			svc, path, older := serviceAheadOfACopy(t, 10, 5)
 			sqlExec(t, older, doctor)
 			restoreUnder(t, older, path)
 			want := errBody(503, codeAcknowledgedPetsMissing, faultWentBack.message())
@@ -385,6 +374,26 @@ func TestWentBackUnseenByItsCount(t *testing.T) {
 			})
 		})
 	}
+}
+
+// serviceAheadOfACopy starts the service on a new file, creates old pets
+// ("Old 1"…, category 1), backs the file up to older.db beside it, then
+// creates new pets ("New 1"…, category 2): the copy is behind the service
+// by those.
+func serviceAheadOfACopy(t *testing.T, oldPets, newPets int) (svc *testService, path, older string) {
+	t.Helper()
+	dir := t.TempDir()
+	path, older = filepath.Join(dir, "pets.db"), filepath.Join(dir, "older.db")
+	svc = startService(t, nil, "-db", path)
+	for i := range oldPets {
+		createPets(t, svc.url, fmt.Sprintf(`{"name":"Old %d","categoryId":1}`, i+1))
+	}
+	_, err := backupDatabase(context.Background(), path, older)
+	must(t, err)
+	for i := range newPets {
+		createPets(t, svc.url, fmt.Sprintf(`{"name":"New %d","categoryId":2}`, i+1))
+	}
+	return svc, path, older
 }
 
 // restoreUnder puts the database file src under the running service at
@@ -417,19 +426,8 @@ func restoreUnder(t *testing.T, src, dst string) {
 // line naming the missing pets; /healthz says so; reads serve what the
 // file holds; and a restart accepts the file and issues ids above it.
 func TestCatalogueWentBack(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "pets.db")
-	svc := startService(t, nil, "-db", path)
+	svc, path, older := serviceAheadOfACopy(t, 5, 3)
 	logs := svc.log
-	for i := range 5 {
-		createPets(t, svc.url, fmt.Sprintf(`{"name":"Old %d","categoryId":1}`, i+1))
-	}
-	older := filepath.Join(dir, "older.db")
-	_, err := backupDatabase(context.Background(), path, older)
-	must(t, err)
-	for i := range 3 {
-		createPets(t, svc.url, fmt.Sprintf(`{"name":"New %d","categoryId":2}`, i+1))
-	}
 
 	// Clients keep creating through the restore; every answer is recorded.
 	load := startCreates(t, svc.url, 4, "Client pet")
