@@ -712,7 +712,8 @@ func (s *petStore) syncView(w *batchWriter) {
 // refused: checkWentBack.
 func (s *petStore) catchUp(w *batchWriter) error {
 	v := &s.view
-	cur, err := w.changeCount()
+	var cur changeCount
+	err := w.changes.QueryRowContext(context.Background()).Scan(&cur.inserted, &cur.changed)
 	if err != nil {
 		if _, ok := classifyFault(err); ok {
 			return err

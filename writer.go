@@ -565,13 +565,6 @@ func (w *batchWriter) tx(ctx context.Context, begin *sql.Stmt, fn func() error) 
 	return err
 }
 
-// changeCount reads the pets_changes row.
-func (w *batchWriter) changeCount() (changeCount, error) {
-	var c changeCount
-	err := w.changes.QueryRowContext(context.Background()).Scan(&c.inserted, &c.changed)
-	return c, err
-}
-
 // topID is the highest id the file holds or has handed out: the next
 // insert gets a higher one.
 func (w *batchWriter) topID() (int64, error) {
