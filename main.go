@@ -17,7 +17,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -27,14 +26,6 @@ import (
 )
 
 func main() {
-	// The writer goroutine spends most of its time in SQLite's C code and
-	// in fsync, where it keeps one of the scheduler's Ps until the runtime
-	// takes it back; one P more than the CPUs keeps every CPU serving HTTP
-	// meanwhile (create throughput: see docs/performance.md). An operator's
-	// GOMAXPROCS is kept as given.
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 1)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
