@@ -85,10 +85,14 @@ func (w *logWriter) Write(p []byte) (int, error) {
 }
 
 // logBatchDelay is how long the writer lets lines gather after the first
-// before it writes them out. Under load that makes one write(2) of many
-// access lines, not one of a few, which a pipe's reader (journald, a
-// supervisor) must also wake for: create throughput rose from 0.38 to
-// 0.41 of BenchmarkLoad's floor. A line is that much later, never lost.
+// before it writes them out. Under load that makes one write(2) of a few
+// hundred access lines, not one of a dozen, and a pipe's reader (journald,
+// a supervisor) wakes once for them: gets rose from 0.65-0.68 to
+// 0.83-0.88 of BenchmarkLoad's floor, creates from 0.37-0.38 to 0.38-0.40
+// (docs/performance.md).
+// The price: a line is written up to this much later (under load, p99
+// 16 ms after its time=), and a SIGKILL or a crash loses what is queued,
+// now up to that much more.
 const logBatchDelay = 10 * time.Millisecond
 
 func (w *logWriter) loop() {
