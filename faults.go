@@ -278,6 +278,7 @@ func vacuumInto(ctx context.Context, conn interface {
 	}
 	if err != nil {
 		os.Remove(f.Name())
+		os.Remove(f.Name() + "-journal") // VACUUM INTO's own, when it failed
 		return "", err
 	}
 	return f.Name(), nil
@@ -380,30 +381,42 @@ func (s *petStore) storageFault(err error) error {
 
 // saveVanished runs in the writer loop once a file SQLite holds open is
 // no longer at its path. What the service holds is saved through its
-// open connection: VACUUM INTO writes every committed pet to a new file
-// beside the path, which the log names with the command that puts it
-// back. A checkpoint alone is not enough: a -wal replaced by an older copy
-// would be laid over the checkpointed database at the next start. The
-// -wal is then emptied, so that it cannot be paired with another file. It
-// reports whether every pet the service committed is in the saved file.
+// open connection. The checkpoint comes first, as it takes milliseconds
+// where the copy takes up to a second: it puts every committed pet in
+// the database SQLite holds, which is still the one at its path where
+// only the -wal or -shm vanished, and empties the -wal, so that it cannot
+// be paired with another file. Then VACUUM INTO writes every pet to a new
+// file beside the path, which the log names with the command that puts
+// it back: a checkpoint alone is not enough where a -wal laid at its
+// path by another hand would be laid over the database at the next
+// start. It reports whether every pet the service committed is in the
+// saved file or, failing that, in the database at its path with no
+// other -wal beside it.
 func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 	kind := faultTampered
 	if which == s.file.path {
 		kind = faultReplaced
 	}
 	se := &storageError{kind: kind, err: fmt.Errorf("%s was deleted or replaced", which)}
+	checkpointErr := w.checkpoint("TRUNCATE")
 	saved, err := vacuumInto(context.Background(), w.conn, filepath.Dir(s.file.path),
 		filepath.Base(s.file.path)+".saved-"+time.Now().UTC().Format("20060102T150405Z")+"-*")
-	w.checkpoint("TRUNCATE")
-	if err != nil {
+	if err == nil {
 		s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
-			"its pets could not be saved: fetch what the API still serves (GET /v1/pets) before you stop it", "save_err", err.Error())
-		return false
+			"every pet it holds is saved: stop the service, put them back with the command given, then start it",
+			"saved", saved, "command", "petstore restore -from "+saved+" -db "+s.file.path)
+		return true
+	}
+	db, dbThere := statID(s.file.path)
+	wal, walThere := statID(s.file.path + "-wal")
+	if checkpointErr == nil && dbThere && db == s.file.ids[0] && (!walThere || wal == s.file.ids[1]) {
+		s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
+			"every pet it holds is in the database at its path, checkpointed, though a copy could not be saved: restart the service", "save_err", err.Error())
+		return true
 	}
 	s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
-		"every pet it holds is saved: stop the service, put them back with the command given, then start it",
-		"saved", saved, "command", "petstore restore -from "+saved+" -db "+s.file.path)
-	return true
+		"its pets could not be saved: fetch what the API still serves (GET /v1/pets) before you stop it", "save_err", err.Error())
+	return false
 }
 
 // health is /healthz's answer: nil while the store can both read and

@@ -709,6 +709,47 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 	}
 }
 
+// TestWalRemovedWithNoRoomForACopy removes the -wal under load on a
+// filesystem with no room for VACUUM INTO's copy. The checkpoint that
+// comes first put every pet in the database at its path, so the batch
+// that found the change is acknowledged, the ERROR line says a restart
+// is all it takes, the failed copy leaves no file, and after a SIGKILL
+// and a restart every create answered 201 is there and none answered 503.
+func TestWalRemovedWithNoRoomForACopy(t *testing.T) {
+	// 3.8 MB, made elsewhere, as its making takes a -wal as large.
+	made := filepath.Join(t.TempDir(), "pets.db")
+	preloadPets(t, made, 100000)
+	db := filepath.Join(mountTmpfs(t, "7m"), "pets.db")
+	data, err := os.ReadFile(made)
+	must(t, err)
+	must(t, os.WriteFile(db, data, 0o600))
+	logs := &syncBuffer{}
+	base, cmd := startBinary(t, nil, []string{"-db", db}, logs)
+	load := startCreates(t, base, 4, "Full")
+	waitFor(t, patience, "500 creates", func() bool { return load.statuses()[201] >= 500 })
+	must(t, os.Remove(db+"-wal"))
+	waitFor(t, patience, "200 creates to be refused", func() bool { return load.refusals() >= 200 })
+	load.stop()
+	waitForLog(t, logs, `level=ERROR msg="a file SQLite holds open was deleted or replaced[^"]*every pet it holds is in the database at its path[^"]*restart the service" save_err=`, 1)
+	if left, _ := filepath.Glob(db + ".saved-*"); len(left) != 0 {
+		t.Errorf("the failed copy left %v", left)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	base, _ = startBinary(t, nil, []string{"-db", db}, nil)
+	var created []Pet
+	for _, p := range walkCatalogue(t, base) {
+		if strings.HasPrefix(p.Name, "Full ") {
+			created = append(created, p)
+		}
+	}
+	acked, refused, refusedStored := checkStored(t, created, load)
+	if refusedStored != 0 {
+		t.Errorf("%d creates answered 503 are stored", refusedStored)
+	}
+	t.Logf("wal removed, no room for a copy: %d creates answered 201, all there after a SIGKILL and a restart; %d answered 503, none stored", acked, refused)
+}
+
 // TestOperatorBesideTheService runs an operator's sqlite3 shell in a
 // loop beside creating clients: every checkpoint mode, .backup, VACUUM
 // INTO and reads. SQLite writes the files under the service as it is
