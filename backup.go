@@ -57,7 +57,8 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("backup: %w", err)
 		}
-		dst = filepath.Join(dir, snapshotName(time.Now()))
+		// Named by its UTC time, so that names sort in time order.
+		dst = filepath.Join(dir, "petstore-"+time.Now().UTC().Format("20060102T150405Z")+".db")
 	}
 	pets, err := backupDatabase(ctx, db, dst)
 	if err != nil {
@@ -83,12 +84,6 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 // snapshotPattern matches the names of the snapshots that -dir writes,
 // and only those: retention never touches another file.
 var snapshotPattern = regexp.MustCompile(`^petstore-\d{8}T\d{6}Z\.db$`)
-
-// snapshotName is a snapshot's file name: its UTC time, so that names
-// sort in time order.
-func snapshotName(t time.Time) string {
-	return "petstore-" + t.UTC().Format("20060102T150405Z") + ".db"
-}
 
 // pruneSnapshots deletes the oldest snapshots in dir beyond the newest
 // keep, by the UTC time in their names, never the one just written and

@@ -53,35 +53,29 @@ type apiError struct {
 // writeError answers with the JSON Error body. Every non-2xx answer of the
 // service goes through here, so they all look alike.
 func writeError(w http.ResponseWriter, status int, code, message string) {
-	writeJSON(w, status, apiError{Code: code, Message: message, Status: status})
-}
-
-// writeInternalError logs the cause of a failure and tells the client only
-// that something went wrong on our side: the cause may hold internals.
-func writeInternalError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
-	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
-		// The client went away; there is no one to answer and nothing wrong.
-		log.DebugContext(r.Context(), "request cancelled by the client", "method", r.Method, "path", r.URL.Path)
-		return
-	}
-	log.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "err", err)
-	writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(w))
+	writeBody(w, status, marshalJSON(apiError{Code: code, Message: message, Status: status}))
 }
 
 // writeStoreError answers a failure of the store. A storage fault, whose
 // cause is outside the service (disk full, read-only, locked, damaged,
 // replaced), is a 503 that names the cause, with Retry-After, and is
 // logged by the store once per fault rather than here per request; any
-// other failure is a 500.
+// other failure is a 500, whose cause is logged and not told to the
+// client: it may hold internals.
 func writeStoreError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	var fault *storageError
-	if errors.As(err, &fault) {
+	switch {
+	case errors.As(err, &fault):
 		t := faultText[fault.kind]
 		w.Header().Set("Retry-After", t.retryAfter)
 		writeError(w, http.StatusServiceUnavailable, t.code, t.message)
-		return
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The client went away; there is no one to answer and nothing wrong.
+		log.DebugContext(r.Context(), "request cancelled by the client", "method", r.Method, "path", r.URL.Path)
+	default:
+		log.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(w))
 	}
-	writeInternalError(w, r, log, err)
 }
 
 // internalErrorMessage is all a 500 says: that it is our fault, and the
@@ -92,23 +86,20 @@ func internalErrorMessage(w http.ResponseWriter) string {
 	return "internal error (request id " + w.Header().Get("X-Request-Id") + ")"
 }
 
-// writeJSON answers with v as JSON, for the answers off the hot paths
-// (errors, health). HTML escaping is off, as in appendJSONString: the body
-// is application/json with nosniff, never HTML, and "<" should read as "<".
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// marshalJSON is v as JSON and a newline, for what is off the hot paths
+// (the Error body, a name appendJSONString cannot copy). HTML escaping is
+// off: the body is application/json with nosniff, never HTML, and "<"
+// should read as "<".
+func marshalJSON(v any) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	enc.Encode(v) // the service's own types, of strings and ints: it cannot fail
-	writeBody(w, status, buf.Bytes())
+	enc.Encode(v) // strings and the service's own types of strings and ints: it cannot fail
+	return buf.Bytes()
 }
 
-// Header values shared by every answer; net/http only reads them.
-var (
-	contentTypeJSON = []string{"application/json"}
-	noStore         = []string{"no-store"}
-	noSniff         = []string{"nosniff"}
-)
+// contentTypeJSON is shared by every answer; net/http only reads it.
+var contentTypeJSON = []string{"application/json"}
 
 // writeBody answers with a JSON body already encoded.
 func writeBody(w http.ResponseWriter, status int, body []byte) {

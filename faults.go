@@ -95,12 +95,10 @@ func classifyFault(err error) (faultKind, bool) {
 		switch sqliteErr.Code {
 		case sqlite3.ErrFull:
 			return faultDiskFull, true
-		case sqlite3.ErrReadonly:
+		case sqlite3.ErrReadonly, sqlite3.ErrPerm:
 			if sqliteErr.ExtendedCode == sqlite3.ErrReadonlyDbMoved {
 				return faultReplaced, true
 			}
-			return faultReadOnly, true
-		case sqlite3.ErrPerm:
 			return faultReadOnly, true
 		case sqlite3.ErrIoErr, sqlite3.ErrCantOpen:
 			return faultIO, true
@@ -130,19 +128,6 @@ func classifyErrno(errno syscall.Errno) (faultKind, bool) {
 	return faultNone, false
 }
 
-// fileID is a file's identity: the same path can name another file later.
-type fileID struct{ dev, ino uint64 }
-
-// statID is the identity of the file at path; ok is false when there is
-// none (or it cannot be seen).
-func statID(path string) (id fileID, ok bool) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return id, false
-	}
-	return fileID{dev: uint64(st.Dev), ino: st.Ino}, true
-}
-
 // dbFile is the database file as the service opened it: its lock and the
 // identities of the three files SQLite keeps open. The lock is an
 // exclusive flock on the file, held for the life of the service, so a
@@ -156,15 +141,17 @@ type dbFile struct {
 	// readOnly: the file could be opened only for reading at start; it
 	// is cleared once a write has worked.
 	readOnly atomic.Bool
-	ids      [3]fileID // the database, its -wal and its -shm, once opened
-	known    [3]bool
+	// opened are the database, its -wal and its -shm as SQLite opened
+	// them (nil: not opened), to tell by os.SameFile (device and inode)
+	// whether the file at a path is still that one.
+	opened [3]os.FileInfo
 	// dirTimes are the directory's modification and change times when
 	// the three files were last all found in place.
 	dirTimes [2]syscall.Timespec
 }
 
 // companions are the suffixes of the files SQLite keeps beside the
-// database, in the order of dbFile.ids.
+// database, in the order of dbFile.opened.
 var companions = [3]string{"", "-wal", "-shm"}
 
 // openDBFile opens the database file at path, creating it private to the
@@ -213,7 +200,7 @@ func realPath(path string) string {
 // read-only start) is not watched.
 func (d *dbFile) noteOpened() {
 	for i, suffix := range companions {
-		d.ids[i], d.known[i] = statID(d.path + suffix)
+		d.opened[i], _ = os.Stat(d.path + suffix) // nil on an error
 	}
 }
 
@@ -235,7 +222,7 @@ func (d *dbFile) vanished() string {
 		return ""
 	}
 	for i, suffix := range companions {
-		if id, ok := statID(d.path + suffix); d.known[i] && (!ok || id != d.ids[i]) {
+		if cur, err := os.Stat(d.path + suffix); d.opened[i] != nil && (err != nil || !os.SameFile(cur, d.opened[i])) {
 			return d.path + suffix
 		}
 	}
@@ -407,9 +394,9 @@ func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 			"saved", saved, "command", "petstore restore -from "+saved+" -db "+s.file.path)
 		return true
 	}
-	db, dbThere := statID(s.file.path)
-	wal, walThere := statID(s.file.path + "-wal")
-	if checkpointErr == nil && dbThere && db == s.file.ids[0] && (!walThere || wal == s.file.ids[1]) {
+	db, dbErr := os.Stat(s.file.path)
+	wal, walErr := os.Stat(s.file.path + "-wal")
+	if checkpointErr == nil && dbErr == nil && os.SameFile(db, s.file.opened[0]) && (walErr != nil || os.SameFile(wal, s.file.opened[1])) {
 		s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
 			"every pet it holds is in the database at its path, checkpointed, though a copy could not be saved: restart the service", "save_err", err.Error())
 		return true

@@ -97,16 +97,11 @@ const logBatchDelay = 10 * time.Millisecond
 
 func (w *logWriter) loop() {
 	defer close(w.done)
-	for {
-		_, open := <-w.wake
-		if open {
-			time.Sleep(logBatchDelay)
-		}
+	for range w.wake {
+		time.Sleep(logBatchDelay)
 		w.drain()
-		if !open {
-			return
-		}
 	}
+	w.drain() // closed: what is left, at once
 }
 
 // drain writes out the queue until it is empty.
@@ -126,20 +121,17 @@ func (w *logWriter) drain() {
 			w.mu.Unlock()
 			continue
 		}
-		if dropped > 0 && w.noteDropped(dropped) {
-			w.mu.Lock()
-			w.dropped -= dropped
-			w.mu.Unlock()
+		if dropped > 0 {
+			// How many lines were lost, in the log's own format.
+			var line bytes.Buffer
+			newLogger(&line, w.format, slog.LevelWarn).Warn("log lines were dropped: the log output did not take them", "lines", dropped)
+			if _, err := w.out.Write(line.Bytes()); err == nil {
+				w.mu.Lock()
+				w.dropped -= dropped
+				w.mu.Unlock()
+			}
 		}
 	}
-}
-
-// noteDropped logs how many lines were lost, in the log's own format.
-func (w *logWriter) noteDropped(n int) bool {
-	var line bytes.Buffer
-	newLogger(&line, w.format, slog.LevelWarn).Warn("log lines were dropped: the log output did not take them", "lines", n)
-	_, err := w.out.Write(line.Bytes())
-	return err == nil
 }
 
 // close writes out what is queued, waiting at most wait for an output

@@ -127,10 +127,7 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr
 		return nil, err
 	}
 	if len(digests) == 0 {
-		key, err := generateAPIKey()
-		if err != nil {
-			return nil, fmt.Errorf("generate API key: %w", err)
-		}
+		key := generateAPIKey()
 		fmt.Fprintf(stderr, "WARNING: no API key configured (PETSTORE_API_KEYS); using this generated key, which changes on every start:\n\n    %s\n\n", key)
 		digests = []keyDigest{digestOf(key)}
 	}
@@ -389,7 +386,7 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	c.variables = f.vars
 	err := fs.Parse(args[1:])
 	switch {
-	case err != nil && f.err != nil:
+	case f.err != nil:
 		return c, f.err // a flag or variable refused, with its message
 	case errors.Is(err, flag.ErrHelp):
 		// "petstore", not args[0]: under go run that is a path in the
@@ -403,8 +400,6 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		return c, err
 	case err != nil:
 		return c, explainFlagError(fs, "petstore", flagHints, err)
-	case f.err != nil:
-		return c, f.err
 	case fs.NArg() > 0:
 		return c, fmt.Errorf("unexpected argument %q (commands: backup, restore, keygen)", fs.Arg(0))
 	}

@@ -24,6 +24,7 @@ import (
 // client's view of changing data, behind a key) and not to be sniffed as
 // anything but its declared type.
 func secureHeaders(next http.Handler) http.Handler {
+	noStore, noSniff := []string{"no-store"}, []string{"nosniff"} // shared: net/http only reads them
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h["Cache-Control"] = noStore
@@ -112,9 +113,6 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 		w.Header()["X-Request-Id"] = []string{info.id}
 		ctx := context.WithValue(r.Context(), requestInfoKey{}, info)
 		next.ServeHTTP(rec, r.WithContext(ctx))
-		if !log.Enabled(ctx, slog.LevelInfo) {
-			return
-		}
 		keyID := ""
 		if info.hasKey {
 			keyID = hex.EncodeToString(info.key[:4])
@@ -154,7 +152,7 @@ func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
 // readable. Other origins get no CORS headers, so browsers keep their
 // default of refusing.
 func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[string][]string, next http.Handler) http.Handler {
-	refused := newLogLimiter(time.Hour, maxLoggedOrigins, maxOriginLinesPerMinute)
+	refused := newLogLimiter(time.Hour, 10_000, 60) // see noteRefusedOrigin
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin := r.Header.Get("Origin")
 		if origin == "" {
@@ -195,25 +193,17 @@ func cors(origins []string, log *slog.Logger, mux *http.ServeMux, methods map[st
 // logged at most once an hour, with how many of its requests were refused
 // since its last line, whenever it comes: a misconfiguration that appears
 // after a flood of made-up origins still shows. Memory and the log stay
-// bounded: at most maxLoggedOrigins are remembered, and at most
-// maxOriginLinesPerMinute lines are written a minute, the next one saying
-// how many were not.
+// bounded: at most 10,000 origins are remembered, and at most 60 lines
+// are written a minute, the next one saying how many were not.
 func noteRefusedOrigin(log *slog.Logger, lines *logLimiter, r *http.Request, origin string) {
 	if u, err := url.Parse(origin); err == nil && u.Host == r.Host {
 		return // the page is on the service's own origin: no CORS involved
 	}
-	ok, held, others := lines.allow(origin, time.Now())
-	if !ok {
-		return
+	if ok, held, others := lines.allow(origin, time.Now()); ok {
+		log.WarnContext(r.Context(), "browser origin refused: it is not in -cors-origins, so browsers will not let its pages read the answers; add it there if it is the back office",
+			"origin", origin, "method", r.Method, "path", r.URL.Path, "refused_since_last_line", held, "other_origins_not_logged", others)
 	}
-	log.WarnContext(r.Context(), "browser origin refused: it is not in -cors-origins, so browsers will not let its pages read the answers; add it there if it is the back office",
-		"origin", origin, "method", r.Method, "path", r.URL.Path, "refused_since_last_line", held, "other_origins_not_logged", others)
 }
-
-const (
-	maxLoggedOrigins        = 10_000
-	maxOriginLinesPerMinute = 60
-)
 
 // refuseChunked refuses a request whose body comes chunked. RFC 9112
 // (6.1) calls a message with both Transfer-Encoding and Content-Length

@@ -97,18 +97,11 @@ func checkNoQuery(rawQuery string) error {
 var errMalformedQuery = errors.New("malformed query string: use name=value pairs joined by &, percent-encoded")
 
 // parseDecimal parses a non-negative int64 written as plain digits: no
-// sign, no spaces, no fraction, no exponent.
+// sign, no spaces, no fraction, no exponent. ParseUint takes no sign, and
+// in base 10 nothing but digits; 63 bits bound it to an int64.
 func parseDecimal(s string) (int64, bool) {
-	if s == "" {
-		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil
+	n, err := strconv.ParseUint(s, 10, 63)
+	return int64(n), err == nil
 }
 
 // quoteValue quotes a client's value for an error message, cut short so a
@@ -219,14 +212,12 @@ func decodeNewPet(body []byte) (NewPet, error) {
 
 	problems := fieldProblems(fields)
 	np := NewPet{Status: defaultStatus}
-	if msg := decodeName(fields["name"], &np.Name); msg != "" {
-		problems = append(problems, msg)
-	}
-	if msg := decodeCategoryID(fields["categoryId"], &np.CategoryID); msg != "" {
-		problems = append(problems, msg)
-	}
-	if raw, ok := fields["status"]; ok {
-		if msg := decodeStatus(raw, &np.Status); msg != "" {
+	for _, msg := range []string{
+		decodeName(fields["name"], &np.Name),
+		decodeCategoryID(fields["categoryId"], &np.CategoryID),
+		decodeStatus(fields["status"], &np.Status),
+	} {
+		if msg != "" {
 			problems = append(problems, msg)
 		}
 	}
@@ -454,12 +445,15 @@ func decodeCategoryID(raw json.RawMessage, id *int64) string {
 	return ""
 }
 
-// decodeStatus validates a status member against the enumeration.
+// decodeStatus validates a status member against the enumeration; an
+// absent one leaves *status as it is.
 func decodeStatus(raw json.RawMessage, status *string) string {
 	const want = "status must be one of available, pending, sold (or omitted, for available)"
 	var s string
 	switch {
-	case len(raw) == 0 || raw[0] != '"' || decodeJSONString(raw, &s) != nil:
+	case raw == nil:
+		return ""
+	case raw[0] != '"' || decodeJSONString(raw, &s) != nil:
 		return want + ", got " + jsonKind(raw)
 	case !slices.Contains(petStatuses, s):
 		return want + ", got " + quoteValue(s) // the value, not its JSON: quoted once
@@ -472,8 +466,6 @@ func decodeStatus(raw json.RawMessage, status *string) string {
 // message.
 func jsonKind(raw json.RawMessage) string {
 	switch {
-	case len(raw) == 0:
-		return "nothing"
 	case raw[0] == '{':
 		return "a JSON object"
 	case raw[0] == '[':
@@ -528,9 +520,5 @@ func appendJSONString(b []byte, s []byte) []byte {
 		b = append(b, s...)
 		return append(b, '"')
 	}
-	var out bytes.Buffer
-	enc := json.NewEncoder(&out)
-	enc.SetEscapeHTML(false)
-	enc.Encode(string(s)) // a string always encodes
-	return append(b, bytes.TrimSuffix(out.Bytes(), []byte("\n"))...)
+	return append(b, bytes.TrimSuffix(marshalJSON(string(s)), []byte("\n"))...)
 }

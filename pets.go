@@ -58,34 +58,33 @@ func (s *server) routes() []route {
 // for everything else, inside the middleware every answer goes through.
 func newHandler(s *server) http.Handler {
 	mux := http.NewServeMux()
-	keyed := func(h http.Handler) http.Handler {
-		return requireAPIKey(s.keys, s.guard, h)
-	}
 	wrap := func(r route, h http.Handler) http.Handler {
 		if !r.public {
-			h = keyed(h)
+			h = requireAPIKey(s.keys, s.guard, h)
 		}
 		if r.deprecated {
 			h = deprecated(h)
 		}
 		return h
 	}
-	var paths []string
 	methods := map[string][]string{}
 	first := map[string]route{}
 	for _, r := range s.routes() {
-		p := muxPath(r.path)
+		p := r.path
+		if p == "/" {
+			p = "/{$}" // "/" alone would match every path; this, only the root
+		}
 		mux.Handle(r.method+" "+p, wrap(r, r.handler))
-		if _, seen := methods[p]; !seen {
-			paths = append(paths, p)
+		if _, seen := first[p]; !seen {
 			first[p] = r
 		}
 		methods[p] = append(methods[p], r.method)
 	}
 	// Method-less patterns catch the other methods on known paths, so they
 	// get a JSON 405 rather than the mux's plain-text one. A GET route
-	// also serves HEAD.
-	for _, p := range paths {
+	// also serves HEAD. The mux matches by pattern, not by the order
+	// patterns were added in.
+	for p, r := range first {
 		// A copy: methods[p] also feeds the CORS preflight, and must not be
 		// extended or reordered here.
 		allow := slices.Clone(methods[p])
@@ -93,12 +92,13 @@ func newHandler(s *server) http.Handler {
 			allow = append(allow, "HEAD")
 		}
 		slices.Sort(allow)
-		mux.Handle(p, wrap(first[p], methodNotAllowed(strings.Join(allow, ", "))))
+		mux.Handle(p, wrap(r, methodNotAllowed(strings.Join(allow, ", "))))
 	}
 	// Everything under /v1 needs a key, even a path that does not exist;
 	// "/v1" itself is listed so the mux does not redirect it to "/v1/".
-	mux.Handle("/v1", keyed(http.HandlerFunc(notFound)))
-	mux.Handle("/v1/", keyed(http.HandlerFunc(notFound)))
+	v1 := requireAPIKey(s.keys, s.guard, http.HandlerFunc(notFound))
+	mux.Handle("/v1", v1)
+	mux.Handle("/v1/", v1)
 	mux.HandleFunc("/", notFound)
 
 	// Built inside out; a request meets them in the order of this file:
@@ -110,15 +110,6 @@ func newHandler(s *server) http.Handler {
 	h = recoverPanics(s.log, h)
 	h = logRequests(s.log, h)
 	return secureHeaders(h)
-}
-
-// muxPath is a route's path as a mux pattern: "/" alone would match every
-// path, "/{$}" matches only the root.
-func muxPath(path string) string {
-	if path == "/" {
-		return "/{$}"
-	}
-	return path
 }
 
 // notFound answers paths the service does not serve.
@@ -154,9 +145,7 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, r, s.log, err) // a storageError: its 503
 		return
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Status string `json:"status"`
-	}{"ok"})
+	writeBody(w, http.StatusOK, []byte(`{"status":"ok"}`+"\n"))
 }
 
 // openapiDocument is openapi.json, the OpenAPI document of this API,
@@ -257,20 +246,16 @@ func (s *server) listPets(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if n > limit {
-		w.Header()["Link"] = []string{nextPageLink(limit, f.status, last)}
+		// The RFC 8288 Link to the next page, relative, so it stays right
+		// behind any domain or proxy.
+		q := "limit=" + strconv.Itoa(limit)
+		if f.status != "" {
+			q += "&status=" + f.status
+		}
+		w.Header()["Link"] = []string{"</v1/pets?" + q + "&after=" + strconv.FormatInt(last, 10) + `>; rel="next"`}
 	}
 	*buf = append(b, ']', '\n')
 	writeBody(w, http.StatusOK, *buf)
-}
-
-// nextPageLink is the RFC 8288 Link to the page after the pet with id
-// after. It is relative, so it stays right behind any domain or proxy.
-func nextPageLink(limit int, status string, after int64) string {
-	q := "limit=" + strconv.Itoa(limit)
-	if status != "" {
-		q += "&status=" + status
-	}
-	return "</v1/pets?" + q + "&after=" + strconv.FormatInt(after, 10) + `>; rel="next"`
 }
 
 // getPet answers GET /v1/pets/{petId}.
@@ -340,9 +325,8 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		c.late = func() { rc.SetWriteDeadline(time.Time{}) }
 	}
 	p, replayed, err := s.store.createPet(r.Context(), c)
-	var refused *refusedError
-	if errors.As(err, &refused) {
-		writeError(w, http.StatusUnprocessableEntity, codeRefusedByDatabase, refused.Error())
+	if errors.Is(err, errRefusedByDatabase) {
+		writeError(w, http.StatusUnprocessableEntity, codeRefusedByDatabase, err.Error())
 		return
 	}
 	if errors.Is(err, errIdempotencyKeyReused) {

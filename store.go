@@ -249,9 +249,7 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 	if writer, err = sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate")); err != nil {
 		return fail(err)
 	}
-	writer.SetMaxOpenConns(1)
-	writer.SetConnMaxIdleTime(0)
-	writer.SetConnMaxLifetime(0)
+	writer.SetMaxOpenConns(1) // never closed for idling or age: database/sql's defaults
 
 	s := &petStore{file: file, writer: writer, log: log,
 		queue:  writeQueue{writes: make(chan *writeRequest, maxBatch), loopDone: make(chan struct{})},
@@ -273,9 +271,9 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 	}
 	file.noteOpened()
 	// Before the service listens: reads are answered from memory from
-	// the first.
-	w.inReadTx(func() error {
-		s.load(w, whyStart)
+	// the first. In a read transaction: a snapshot that takes no lock.
+	w.tx(context.Background(), w.beginRead, func() error {
+		s.load(w, "start")
 		return nil
 	})
 	// /healthz tells the truth from its first answer, on a full disk too.
@@ -298,10 +296,7 @@ func inspect(path string) (migrationDue bool, err error) {
 	}
 	defer db.Close()
 	var appID, version int64
-	if err := db.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
-		return false, err
-	}
-	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+	if err := db.QueryRowContext(ctx, "SELECT * FROM pragma_application_id, pragma_user_version").Scan(&appID, &version); err != nil {
 		return false, err
 	}
 	if appID != petstoreApplicationID && appID != 0 {
@@ -344,17 +339,13 @@ func inspect(path string) (migrationDue bool, err error) {
 
 // migrate applies the migrations the file has not seen yet, all in one
 // transaction, so a failed upgrade leaves the file as it was.
-func (s *petStore) migrate() (err error) {
+func (s *petStore) migrate() error {
 	ctx := context.Background()
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			tx.Rollback()
-		}
-	}()
+	defer tx.Rollback() // after Commit, a no-op
 	var version int
 	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
 		return err
@@ -516,21 +507,15 @@ func (c *catalogue) get(id int64, fn func(*petRow)) bool {
 // status filter walks that status's own positions,
 // not the whole list.
 func (c *catalogue) list(f petFilter, fn func(*petRow)) {
-	var r petRow
-	if f.status == "" {
-		start := sort.Search(len(c.ids), func(k int) bool { return c.ids[k] > f.after })
-		end := min(len(c.ids), start+f.limit)
-		for i := start; i < end; i++ {
-			c.row(i, &r)
-			fn(&r)
-		}
-		return
+	n, at := len(c.ids), func(k int) int { return k }
+	if f.status != "" {
+		positions := c.byStatus[slices.Index(petStatuses, f.status)]
+		n, at = len(positions), func(k int) int { return int(positions[k]) }
 	}
-	positions := c.byStatus[slices.Index(petStatuses, f.status)]
-	start := sort.Search(len(positions), func(k int) bool { return c.ids[positions[k]] > f.after })
-	end := min(len(positions), start+f.limit)
-	for k := start; k < end; k++ {
-		c.row(int(positions[k]), &r)
+	start := sort.Search(n, func(k int) bool { return c.ids[at(k)] > f.after })
+	var r petRow
+	for k := start; k < min(n, start+f.limit); k++ {
+		c.row(at(k), &r)
 		fn(&r)
 	}
 }
@@ -690,21 +675,6 @@ func (s *petStore) load(w *batchWriter, why string) {
 	s.log.Info("in-memory view loaded", "pets", len(c.ids), "took", time.Since(start).Round(time.Millisecond).String())
 }
 
-// Why a load starts, for the log.
-const (
-	whyStart   = "start"
-	whyRetry   = "an earlier load failed"
-	whyOutside = "the pets table changed from outside the service"
-)
-
-// syncView brings the view up to date with the file, in a read
-// transaction of the writer's connection, outside any commit.
-func (s *petStore) syncView(w *batchWriter) {
-	if err := w.inReadTx(func() error { return s.catchUp(w) }); err != nil {
-		s.storageFault(err)
-	}
-}
-
 // catchUp compares the file's change count with the one the view knows,
 // inside a transaction of the writer's connection: in a commit, before
 // its inserts, so no outside change is passed over. Any change, an
@@ -729,9 +699,9 @@ func (s *petStore) catchUp(w *batchWriter) error {
 	wentBack := s.checkWentBack(w)
 	switch {
 	case v.master != nil:
-		s.load(w, whyOutside)
+		s.load(w, "the pets table changed from outside the service")
 	case s.lasting.Load() == nil && time.Since(v.failedAt) > 10*time.Second:
-		s.load(w, whyRetry)
+		s.load(w, "an earlier load failed")
 	}
 	if wentBack != nil {
 		return wentBack

@@ -55,14 +55,6 @@ type createRequest struct {
 	late func()
 }
 
-// fingerprint identifies what a create asks for, after defaults: two
-// bodies that would store the same pet have the same fingerprint. NUL
-// cannot occur in a valid name, so the fields cannot run together.
-func (c createRequest) fingerprint() []byte {
-	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%s", c.pet.Name, c.pet.CategoryID, c.pet.Status))
-	return sum[:]
-}
-
 // maxBatch bounds how many creates share one transaction.
 const maxBatch = 256
 
@@ -170,7 +162,11 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			lastBatch = len(batch)
 			s.commit(w, batch)
 		case <-watch.C:
-			s.syncView(w)
+			// The view catches up with the file, in a read transaction,
+			// outside any commit.
+			if err := w.tx(context.Background(), w.beginRead, func() error { return s.catchUp(w) }); err != nil {
+				s.storageFault(err)
+			}
 		case <-tick.C:
 			// Also when idle, a file deleted or replaced under the service
 			// is seen, and saved, within a second.
@@ -294,7 +290,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	default:
 		var refusal sqlite3.Error
 		if errors.As(err, &refusal) && refusal.Code == sqlite3.ErrConstraint {
-			err = &refusedError{cause: refusal.Error()}
+			err = fmt.Errorf("%w: %s", errRefusedByDatabase, refusal.Error())
 		}
 		batch[0].done <- writeResult{err: err}
 	}
@@ -335,18 +331,14 @@ func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []wr
 func (s *petStore) checkpoint(w *batchWriter) {
 	w.commits = 0 // one held back by a reader is tried again later
 	if err := w.checkpoint("PASSIVE"); err != nil {
-		if _, ok := classifyFault(err); ok {
-			s.storageFault(err)
-		}
+		s.storageFault(err) // records a lasting fault; any other error is tried again later
 	}
 }
 
-// refusedError is a create SQLite refused by a rule the service does not
-// know of: an operator's trigger or constraint. It names the rule's
-// message, so the client learns why.
-type refusedError struct{ cause string }
-
-func (e *refusedError) Error() string { return "the database refused this pet: " + e.cause }
+// errRefusedByDatabase is a create SQLite refused by a rule the service
+// does not know of: an operator's trigger or constraint. The error that
+// wraps it names the rule's message, so the client learns why.
+var errRefusedByDatabase = errors.New("the database refused this pet")
 
 // probeSQL is a write that stores nothing and touches what a create
 // touches: a pet of the longest name and an Idempotency-Key is inserted
@@ -532,12 +524,6 @@ func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
 	return w.tx(ctx, w.beginTx, fn)
 }
 
-// inReadTx runs fn in a read transaction on the writer connection: a
-// snapshot of the file that takes no lock.
-func (w *batchWriter) inReadTx(fn func() error) error {
-	return w.tx(context.Background(), w.beginRead, fn)
-}
-
 // tx runs fn between begin and COMMIT, and rolls back if either fails.
 // A transaction the connection is still inside (its ROLLBACK failed) is
 // left first: left open, it would fail every later BEGIN, and so every
@@ -580,7 +566,12 @@ func (w *batchWriter) topID() (int64, error) {
 func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool, error) {
 	var key, scope, keyFP any // NULL without an idempotency key
 	if c.idempotencyKey != "" {
-		fp := c.fingerprint()
+		// The fingerprint identifies what the create asks for, after
+		// defaults: two bodies that would store the same pet have the same
+		// one. NUL cannot occur in a valid name, so the fields cannot run
+		// together.
+		sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%s", c.pet.Name, c.pet.CategoryID, c.pet.Status))
+		fp := sum[:]
 		key, scope, keyFP = c.idempotencyKey, c.scope, fp
 		var p Pet
 		var storedFP []byte
