@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -368,42 +369,49 @@ func (s *petStore) storageFault(err error) error {
 
 // saveVanished runs in the writer loop once a file SQLite holds open is
 // no longer at its path. What the service holds is saved through its
-// open connection. The checkpoint comes first, as it takes milliseconds
-// where the copy takes up to a second: it puts every committed pet in
-// the database SQLite holds, which is still the one at its path where
-// only the -wal or -shm vanished, and empties the -wal, so that it cannot
-// be paired with another file. Then VACUUM INTO writes every pet to a new
-// file beside the path, which the log names with the command that puts
-// it back: a checkpoint alone is not enough where a -wal laid at its
-// path by another hand would be laid over the database at the next
-// start. It reports whether every pet the service committed is in the
-// saved file or, failing that, in the database at its path with no
-// other -wal beside it.
+// open connection. First a checkpoint, which takes milliseconds: it puts
+// every committed pet in the database SQLite holds and empties the -wal,
+// so that it cannot be paired with another file. Where that database is
+// still the one at its path (only the -wal or -shm went), that is the
+// save, and a restart is all it takes: a -wal that another hand laid at
+// the path, which the next start would lay over the database, is moved
+// aside first. Where the database itself went, VACUUM INTO writes every
+// pet to a new file beside the path, which the log names with the
+// command that puts it back. It reports whether every pet the service
+// committed is in the database at its path or in the saved file.
 func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 	kind := faultTampered
 	if which == s.file.path {
 		kind = faultReplaced
 	}
 	se := &storageError{kind: kind, err: fmt.Errorf("%s was deleted or replaced", which)}
-	checkpointErr := w.checkpoint("TRUNCATE")
-	saved, err := vacuumInto(context.Background(), w.conn, filepath.Dir(s.file.path),
-		filepath.Base(s.file.path)+".saved-"+time.Now().UTC().Format("20060102T150405Z")+"-*")
+	const vanished = "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "
+	path, dir, stamp := s.file.path, filepath.Dir(s.file.path), time.Now().UTC().Format("20060102T150405Z")
+	db, err := os.Stat(path)
+	inPlace := w.checkpoint("TRUNCATE") == nil && err == nil && os.SameFile(db, s.file.opened[0])
+	var aside []any
+	if wal, err := os.Stat(path + "-wal"); inPlace && err == nil && !os.SameFile(wal, s.file.opened[1]) {
+		aside = []any{"moved_aside", path + "-wal.not-the-services-" + stamp}
+		inPlace = os.Rename(path+"-wal", aside[1].(string)) == nil && syncPath(dir) == nil
+	}
+	if inPlace {
+		s.lastingFault(se, vanished+"every pet it holds is in the database at its path, checkpointed: restart the service", aside...)
+		return true
+	}
+	// Written under a name of its own and renamed once whole, so that a
+	// file named as saved is never half a copy.
+	saving, err := vacuumInto(context.Background(), w.conn, dir, filepath.Base(path)+".saving-"+stamp+"-*")
+	saved := strings.Replace(saving, ".saving-", ".saved-", 1)
 	if err == nil {
-		s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
-			"every pet it holds is saved: stop the service, put them back with the command given, then start it",
-			"saved", saved, "command", "petstore restore -from "+saved+" -db "+s.file.path)
-		return true
+		err = errors.Join(os.Rename(saving, saved), syncPath(dir))
 	}
-	db, dbErr := os.Stat(s.file.path)
-	wal, walErr := os.Stat(s.file.path + "-wal")
-	if checkpointErr == nil && dbErr == nil && os.SameFile(db, s.file.opened[0]) && (walErr != nil || os.SameFile(wal, s.file.opened[1])) {
-		s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
-			"every pet it holds is in the database at its path, checkpointed, though a copy could not be saved: restart the service", "save_err", err.Error())
-		return true
+	if err != nil {
+		s.lastingFault(se, vanished+"its pets could not be saved: fetch what the API still serves (GET /v1/pets) before you stop it", "save_err", err.Error())
+		return false
 	}
-	s.lastingFault(se, "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "+
-		"its pets could not be saved: fetch what the API still serves (GET /v1/pets) before you stop it", "save_err", err.Error())
-	return false
+	s.lastingFault(se, vanished+"every pet it holds is saved: stop the service, put them back with the command given, then start it",
+		"saved", saved, "command", "petstore restore -from "+saved+" -db "+path)
+	return true
 }
 
 // health is /healthz's answer: nil while the store can both read and
