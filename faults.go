@@ -369,16 +369,14 @@ func (s *petStore) storageFault(err error) error {
 
 // saveVanished runs in the writer loop once a file SQLite holds open is
 // no longer at its path. What the service holds is saved through its
-// open connection. First a checkpoint, which takes milliseconds: it puts
-// every committed pet in the database SQLite holds and empties the -wal,
-// so that it cannot be paired with another file. Where that database is
-// still the one at its path (only the -wal or -shm went), that is the
-// save, and a restart is all it takes: a -wal that another hand laid at
-// the path, which the next start would lay over the database, is moved
-// aside first. Where the database itself went, VACUUM INTO writes every
-// pet to a new file beside the path, which the log names with the
-// command that puts it back. It reports whether every pet the service
-// committed is in the database at its path or in the saved file.
+// open connection: where the database at its path is still the one
+// SQLite holds (only the -wal or -shm went), a checkpoint into it (see
+// checkpointInPlace) is the save, and a restart is all it takes. Where
+// the database itself went, or a reader holds the checkpoint back, VACUUM
+// INTO writes every pet to a new file beside the path, which the log
+// names with the command that puts it back. It reports whether every pet
+// the service committed is in the database at its path or in the saved
+// file.
 func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 	kind := faultTampered
 	if which == s.file.path {
@@ -386,21 +384,15 @@ func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 	}
 	se := &storageError{kind: kind, err: fmt.Errorf("%s was deleted or replaced", which)}
 	const vanished = "a file SQLite holds open was deleted or replaced under the running service: creates are refused from now on; "
-	path, dir, stamp := s.file.path, filepath.Dir(s.file.path), time.Now().UTC().Format("20060102T150405Z")
-	db, err := os.Stat(path)
-	inPlace := w.checkpoint("TRUNCATE") == nil && err == nil && os.SameFile(db, s.file.opened[0])
-	var aside []any
-	if wal, err := os.Stat(path + "-wal"); inPlace && err == nil && !os.SameFile(wal, s.file.opened[1]) {
-		aside = []any{"moved_aside", path + "-wal.not-the-services-" + stamp}
-		inPlace = os.Rename(path+"-wal", aside[1].(string)) == nil && syncPath(dir) == nil
-	}
-	if inPlace {
-		s.lastingFault(se, vanished+"every pet it holds is in the database at its path, checkpointed: restart the service", aside...)
+	if aside, ok := s.checkpointInPlace(w); ok {
+		s.savedInPlace = true
+		s.lastingFault(se, vanished+inPlace, aside...)
 		return true
 	}
 	// Written under a name of its own and renamed once whole, so that a
 	// file named as saved is never half a copy.
-	saving, err := vacuumInto(context.Background(), w.conn, dir, filepath.Base(path)+".saving-"+stamp+"-*")
+	dir := filepath.Dir(s.file.path)
+	saving, err := vacuumInto(context.Background(), w.conn, dir, filepath.Base(s.file.path)+".saving-"+time.Now().UTC().Format("20060102T150405Z")+"-*")
 	saved := strings.Replace(saving, ".saving-", ".saved-", 1)
 	if err == nil {
 		err = errors.Join(os.Rename(saving, saved), syncPath(dir))
@@ -410,8 +402,49 @@ func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 		return false
 	}
 	s.lastingFault(se, vanished+"every pet it holds is saved: stop the service, put them back with the command given, then start it",
-		"saved", saved, "command", "petstore restore -from "+saved+" -db "+path)
+		"saved", saved, "command", "petstore restore -from "+saved+" -db "+s.file.path)
 	return true
+}
+
+// inPlace is the advice once the database at its path holds every pet.
+const inPlace = "every pet it holds is in the database at its path, checkpointed: restart the service"
+
+// checkpointInPlace checkpoints every committed pet into the database
+// SQLite holds, emptying its -wal (once: no commit follows), and reports
+// whether that is the one at the path, with no -wal beside it but the
+// service's: one another hand laid there, which the next start would
+// lay over the database, is moved aside first, and kept.
+func (s *petStore) checkpointInPlace(w *batchWriter) (aside []any, ok bool) {
+	path := s.file.path
+	db, err := os.Stat(path)
+	if !s.savedInPlace && w.checkpoint("TRUNCATE") != nil || err != nil || !os.SameFile(db, s.file.opened[0]) {
+		return nil, false
+	}
+	if wal, err := os.Stat(path + "-wal"); err == nil && !os.SameFile(wal, s.file.opened[1]) {
+		aside = []any{"moved_aside", path + "-wal.not-the-services-" + time.Now().UTC().Format("20060102T150405.000Z")}
+		return aside, os.Rename(path+"-wal", aside[1].(string)) == nil && syncPath(filepath.Dir(path)) == nil
+	}
+	return nil, true
+}
+
+// keepInPlace runs once a second while the -wal or -shm is known to have
+// vanished: a checkpoint a reader held back (Litestream's, a sqlite3
+// shell's) is tried again, and a -wal laid at the path since (an rm, then
+// a cp) is moved aside, so that the restart the log asks for finds every
+// pet. It logs when the database at its path came to hold them all, and
+// when it moved a -wal aside.
+func (s *petStore) keepInPlace(w *batchWriter) {
+	if f := s.lasting.Load(); f.kind != faultTampered {
+		return
+	}
+	// A reader is waited out a second at a time, not in the writer loop,
+	// which must go on answering creates their 503.
+	w.conn.ExecContext(context.Background(), "PRAGMA busy_timeout = 0")
+	defer w.conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
+	if aside, ok := s.checkpointInPlace(w); ok && (!s.savedInPlace || aside != nil) {
+		s.savedInPlace = true
+		s.log.Error("the database at its path holds every pet: "+inPlace, append(aside, "db", s.file.path)...)
+	}
 }
 
 // health is /healthz's answer: nil while the store can both read and

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -647,6 +649,7 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 		{"shm", "-shm", "removed", false}, {"shm", "-shm", "renamed", false},
 		{"database", "", "removed", false}, {"database", "", "renamed", false},
 		{"linked wal", "-wal", "removed", true},
+		{"wal", "-wal", "removed, then an older copy laid there", false}, {"wal", "-wal", "removed beside a reader", false},
 	} {
 		t.Run(tt.name+" "+tt.how, func(t *testing.T) {
 			dir := t.TempDir()
@@ -664,6 +667,22 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 			older, err := os.ReadFile(db + tt.file)
 			must(t, err)
 			waitFor(t, patience, "1,000 creates", func() bool { return load.statuses()[201] >= 1000 })
+			// A reader's snapshot holds the checkpoint back past the busy
+			// timeout, until it ends.
+			var reader io.WriteCloser
+			if tt.how == "removed beside a reader" {
+				sqlite3 := exec.Command(needTool(t, "sqlite3", "apt-get install sqlite3"), db)
+				reader, err = sqlite3.StdinPipe()
+				must(t, err)
+				out, err := sqlite3.StdoutPipe()
+				must(t, err)
+				must(t, sqlite3.Start())
+				t.Cleanup(func() { sqlite3.Process.Kill(); sqlite3.Wait() })
+				io.WriteString(reader, "BEGIN; SELECT count(*) FROM pets;\n")
+				if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+					t.Fatalf("the reader: %v", err)
+				}
+			}
 			switch tt.how {
 			case "renamed":
 				must(t, os.Rename(db+tt.file, db+tt.file+".moved"))
@@ -691,7 +710,7 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 			// Where only the -wal or -shm went, the checkpoint is the save;
 			// where the database went, a copy the logged command restores.
 			logged := `level=ERROR msg="a file SQLite holds open was deleted or replaced[^"]*every pet it holds is saved[^"]*" saved=(\S+) command="petstore restore -from (\S+) -db ` + regexp.QuoteMeta(db) + `"`
-			if tt.file != "" {
+			if tt.file != "" && reader == nil {
 				logged = `level=ERROR msg="a file SQLite holds open was deleted or replaced[^"]*every pet it holds is in the database at its path, checkpointed: restart the service"`
 			}
 			if tt.how == "replaced" {
@@ -699,6 +718,18 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 			}
 			waitForLog(t, logs, logged+` fault=`, 1)
 			checkLines(t, logs, `level=ERROR`, 1)
+			// Later, the checkpoint the reader held back, or an older -wal
+			// laid at the path, is seen to within a second: the database
+			// at its path holds every pet, and a restart is all it takes.
+			again := `level=ERROR msg="the database at its path holds every pet: every pet it holds is in the database at its path, checkpointed: restart the service"`
+			switch {
+			case reader != nil:
+				reader.Close()
+				waitForLog(t, logs, again+` db=`, 1)
+			case strings.HasSuffix(tt.how, "laid there"):
+				must(t, os.WriteFile(db+tt.file, older, 0o600))
+				waitForLog(t, logs, again+` moved_aside=`+regexp.QuoteMeta(db+"-wal.not-the-services-")+`\S+ db=`, 1)
+			}
 
 			cmd.Process.Kill()
 			cmd.Wait()

@@ -160,9 +160,12 @@ type petStore struct {
 	// What is wrong with the storage (faults.go): a fault that lasts until
 	// a restart, the passing fault in force, and when the commit under way
 	// began (0 between commits).
-	lasting     atomic.Pointer[storageError]
-	faults      faultLog
-	commitStart atomic.Int64
+	lasting atomic.Pointer[storageError]
+	// savedInPlace: after the -wal or -shm vanished, the database at its
+	// path came to hold every pet (see checkpointInPlace). Writer loop only.
+	savedInPlace bool
+	faults       faultLog
+	commitStart  atomic.Int64
 
 	closeOnce sync.Once
 	closeErr  error

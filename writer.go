@@ -172,6 +172,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			// is seen, and saved, within a second.
 			switch which := s.file.vanished(); {
 			case s.lasting.Load() != nil:
+				s.keepInPlace(w)
 			case which != "":
 				s.saveVanished(w, which)
 			case s.faults.current() != nil || s.storageDoubtful():
