@@ -147,10 +147,7 @@ func parseKeysFile(data []byte) ([]keyDigest, error) {
 
 // keySource is where the accepted keys come from: the PETSTORE_API_KEYS
 // list and, optionally, a keys file that SIGHUP re-reads.
-type keySource struct {
-	list string
-	file string
-}
+type keySource struct{ list, file string }
 
 // load reads every configured key.
 func (k keySource) load() ([]keyDigest, error) {

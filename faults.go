@@ -178,22 +178,19 @@ func openDBFile(path string) (*dbFile, error) {
 		}
 		return nil, fmt.Errorf("lock database %s: %w", path, err)
 	}
-	d.lock, d.path = f, realPath(path)
-	return d, nil
-}
-
-// realPath is path made absolute with its symbolic links resolved, as
-// far as it exists. SQLite follows a link to the database and keeps the
-// -wal and -shm beside its target: those are the files to watch, and an
-// absolute path in the log's restore command works from any directory.
-func realPath(path string) string {
+	// The path is made absolute with its symbolic links resolved, as far
+	// as it exists. SQLite follows a link to the database and keeps the
+	// -wal and -shm beside its target: those are the files to watch, and
+	// an absolute path in the log's restore command works from any
+	// directory.
 	if resolved, err := filepath.EvalSymlinks(path); err == nil {
 		path = resolved
 	}
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
 	}
-	return path
+	d.lock, d.path = f, path
+	return d, nil
 }
 
 // noteOpened records the identities of the files SQLite has opened, once
@@ -346,7 +343,8 @@ func (s *petStore) lastingFault(se *storageError, todo string, args ...any) *sto
 // report success on the next fsync (PostgreSQL's lesson of 2018), so
 // nothing more is written to the files: no commit, no checkpoint, no
 // close that checkpoints. The next start recovers from the -wal, which
-// held every acknowledged pet when its commit was fsynced.
+// held every acknowledged pet when its commit was fsynced. A nil err is
+// returned as it is, so a call's result can be passed straight in.
 func (s *petStore) storageFault(err error) error {
 	var se *storageError
 	if !errors.As(err, &se) {
@@ -499,7 +497,5 @@ func (s *petStore) quickCheck() {
 	if err == nil && result != "ok" {
 		err = &storageError{kind: faultDamaged, err: errors.New("quick_check: " + result)}
 	}
-	if err != nil {
-		s.storageFault(err)
-	}
+	s.storageFault(err)
 }

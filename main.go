@@ -261,20 +261,18 @@ func (s *service) reloadOnHUP(ctx context.Context, hup <-chan os.Signal) {
 
 // config is what the flags and environment say.
 type config struct {
-	addr              string
-	db                string
-	apiKeysFile       string
-	tlsCert, tlsKey   string
-	readHeaderTimeout time.Duration
-	readTimeout       time.Duration
-	writeTimeout      time.Duration
-	idleTimeout       time.Duration
-	maxHeaderBytes    int
-	logFormat         string
-	logLevel          slog.Level
-	corsOrigins       []string
-	maxConns          int
-	version           bool
+	addr, db, apiKeysFile string
+	tlsCert, tlsKey       string
+
+	// The http.Server's timeouts.
+	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
+
+	maxHeaderBytes int
+	logFormat      string
+	logLevel       slog.Level
+	corsOrigins    []string
+	maxConns       int
+	version        bool
 	// variables maps each flag to its environment variable; the
 	// PETSTORE_ variables set that none reads are in unknownVariables.
 	variables        map[string]string
@@ -315,23 +313,22 @@ func (f *flagEnv) string(p *string, name, env, def, usage string) {
 }
 
 func (f *flagEnv) duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	define(f, p, name, env, def, def.String(), "a positive duration such as 5s or 1m30s", usage+", a `duration`", func(v string) (time.Duration, error) {
-		d, err := time.ParseDuration(v)
-		if err == nil && d <= 0 {
-			err = errors.New("not positive")
-		}
-		return d, err
-	})
+	define(f, p, name, env, def, def.String(), "a positive duration such as 5s or 1m30s", usage+", a `duration`", positive(time.ParseDuration))
 }
 
 func (f *flagEnv) int(p *int, name, env string, def int, defText, usage string) {
-	define(f, p, name, env, def, defText, "a positive integer", usage, func(v string) (int, error) {
-		n, err := strconv.Atoi(v)
-		if err == nil && n <= 0 {
+	define(f, p, name, env, def, defText, "a positive integer", usage, positive(strconv.Atoi))
+}
+
+// positive is parse refusing a value that is zero or negative.
+func positive[T int | time.Duration](parse func(string) (T, error)) func(string) (T, error) {
+	return func(v string) (T, error) {
+		x, err := parse(v)
+		if err == nil && x <= 0 {
 			err = errors.New("not positive")
 		}
-		return n, err
-	})
+		return x, err
+	}
 }
 
 // flagValue is the flag.Value of define.

@@ -77,9 +77,8 @@ func requestIDFrom(r *http.Request) string {
 // access log, and carries the request's info (one allocation for both).
 type statusRecorder struct {
 	http.ResponseWriter
-	status int
-	bytes  int
-	info   requestInfo
+	status, bytes int
+	info          requestInfo
 }
 
 func (w *statusRecorder) WriteHeader(status int) {

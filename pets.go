@@ -275,15 +275,14 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
 	err := s.store.getPet(id, func(p *petRow) {
 		*buf = append(appendPetJSON(*buf, p), '\n')
 	})
-	if errors.Is(err, errNotFound) {
+	switch {
+	case errors.Is(err, errNotFound):
 		writeError(w, http.StatusNotFound, codeNotFound, "no pet with id "+strconv.FormatInt(id, 10))
-		return
-	}
-	if err != nil {
+	case err != nil:
 		writeStoreError(w, r, s.log, err)
-		return
+	default:
+		writeBody(w, http.StatusOK, *buf)
 	}
-	writeBody(w, http.StatusOK, *buf)
 }
 
 // createPet answers POST /v1/pets. The 201 is sent only once the row is
@@ -325,17 +324,16 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		c.late = func() { rc.SetWriteDeadline(time.Time{}) }
 	}
 	p, replayed, err := s.store.createPet(r.Context(), c)
-	if errors.Is(err, errRefusedByDatabase) {
+	switch {
+	case errors.Is(err, errRefusedByDatabase):
 		writeError(w, http.StatusUnprocessableEntity, codeRefusedByDatabase, err.Error())
-		return
-	}
-	if errors.Is(err, errIdempotencyKeyReused) {
+	case errors.Is(err, errIdempotencyKeyReused):
 		writeError(w, http.StatusUnprocessableEntity, codeIdempotencyKeyReused,
 			"this Idempotency-Key was already used for a different pet; use a new key for a new request")
-		return
+	case err != nil:
+		writeStoreError(w, r, s.log, err)
 	}
 	if err != nil {
-		writeStoreError(w, r, s.log, err)
 		return
 	}
 	if replayed {

@@ -706,14 +706,11 @@ func (s *petStore) catchUp(w *batchWriter) error {
 	case s.lasting.Load() == nil && time.Since(v.failedAt) > 10*time.Second:
 		s.load(w, "an earlier load failed")
 	}
-	if wentBack != nil {
-		return wentBack
-	}
 	// Damage the load found refuses the commit it ran in.
-	if f := s.lasting.Load(); f != nil {
+	if f := s.lasting.Load(); f != nil && wentBack == nil {
 		return f
 	}
-	return nil
+	return wentBack
 }
 
 // checkWentBack refuses creates, until a restart, once the file's ids no
@@ -729,12 +726,11 @@ func (s *petStore) checkWentBack(w *batchWriter) error {
 	if err != nil || top >= s.view.highWater {
 		return err
 	}
-	// Ids are dense unless rows were deleted by hand, so the count is of
-	// the ids above the file's, at most that many pets.
-	n, lo, hi := s.view.highWater-top, top+1, s.view.highWater
 	se := &storageError{kind: faultWentBack, err: fmt.Errorf("the file's highest id is %d, but the service held pets up to id %d", top, s.view.highWater)}
+	// Ids are dense unless rows were deleted by hand, so missing_pets
+	// counts the ids above the file's: at most that many pets.
 	return s.lastingFault(se, "the database file went back: it no longer holds pets the service stored, so creates are refused until a restart; "+
 		"if the older file is what you meant to serve, restart the service, which serves it and issues ids above every id in it; "+
 		"otherwise stop the service and put the newer file back (docs/operations.md: Outside writes, restores and replicas)",
-		"missing_pets", n, "missing_ids", fmt.Sprintf("%d-%d", lo, hi), "file_top_id", top)
+		"missing_pets", s.view.highWater-top, "missing_ids", fmt.Sprintf("%d-%d", top+1, s.view.highWater), "file_top_id", top)
 }

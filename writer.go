@@ -95,19 +95,20 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 		expired = timer.C
 	}
 	s.queue.mu.RLock()
-	if s.queue.closed {
-		s.queue.mu.RUnlock()
-		return Pet{}, false, errClosed
+	err := errClosed
+	if !s.queue.closed {
+		select {
+		case s.queue.writes <- w:
+			err = nil
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-expired:
+			err = errTimedOut
+		}
 	}
-	select {
-	case s.queue.writes <- w:
-		s.queue.mu.RUnlock()
-	case <-ctx.Done():
-		s.queue.mu.RUnlock()
-		return Pet{}, false, ctx.Err()
-	case <-expired:
-		s.queue.mu.RUnlock()
-		return Pet{}, false, errTimedOut
+	s.queue.mu.RUnlock()
+	if err != nil {
+		return Pet{}, false, err
 	}
 	// Once queued, wait for the outcome even if the client has gone: the
 	// row may be committed, and the answer must say what happened. At the
@@ -164,9 +165,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 		case <-watch.C:
 			// The view catches up with the file, in a read transaction,
 			// outside any commit.
-			if err := w.tx(context.Background(), w.beginRead, func() error { return s.catchUp(w) }); err != nil {
-				s.storageFault(err)
-			}
+			s.storageFault(w.tx(context.Background(), w.beginRead, func() error { return s.catchUp(w) }))
 		case <-tick.C:
 			// Also when idle, a file deleted or replaced under the service
 			// is seen, and saved, within a second.
@@ -331,9 +330,8 @@ func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []wr
 // storageFault), and none follows it.
 func (s *petStore) checkpoint(w *batchWriter) {
 	w.commits = 0 // one held back by a reader is tried again later
-	if err := w.checkpoint("PASSIVE"); err != nil {
-		s.storageFault(err) // records a lasting fault; any other error is tried again later
-	}
+	// A lasting fault is recorded; any other error is tried again later.
+	s.storageFault(w.checkpoint("PASSIVE"))
 }
 
 // errRefusedByDatabase is a create SQLite refused by a rule the service
@@ -572,14 +570,13 @@ func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool
 		// one. NUL cannot occur in a valid name, so the fields cannot run
 		// together.
 		sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%s", c.pet.Name, c.pet.CategoryID, c.pet.Status))
-		fp := sum[:]
-		key, scope, keyFP = c.idempotencyKey, c.scope, fp
+		key, scope, keyFP = c.idempotencyKey, c.scope, sum[:]
 		var p Pet
 		var storedFP []byte
 		err := w.findKey.QueryRowContext(ctx, c.scope, c.idempotencyKey).
 			Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status, &storedFP)
 		switch {
-		case err == nil && bytes.Equal(storedFP, fp):
+		case err == nil && bytes.Equal(storedFP, sum[:]):
 			return p, true, nil
 		case err == nil:
 			return Pet{}, false, errIdempotencyKeyReused
@@ -591,9 +588,6 @@ func (w *batchWriter) insertPet(ctx context.Context, c createRequest) (Pet, bool
 	if err != nil {
 		return Pet{}, false, err
 	}
-	id, err := res.LastInsertId()
-	if err != nil {
-		return Pet{}, false, err
-	}
+	id, _ := res.LastInsertId() // go-sqlite3's never fails
 	return Pet{ID: id, Name: c.pet.Name, CategoryID: c.pet.CategoryID, Status: c.pet.Status}, false, nil
 }
