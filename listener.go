@@ -8,6 +8,7 @@ import (
 	"container/list"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log"
 	"log/slog"
@@ -21,93 +22,191 @@ import (
 	"time"
 )
 
-// defaultMaxConns is the default cap on client connections: 4,096, which
-// a small machine holds (an open connection costs about 20 KB, 47 KB with
-// TLS: some 80 and 190 MiB), or the process's descriptor limit less room
-// for the database's connection (three files), the listener
-// and the rest, if that is lower.
-func defaultMaxConns() int {
+// defaultMaxConns is the default cap on connections being served:
+// 2,048, which a small machine holds (one costs about 20 KB, 47 KB with
+// TLS: some 40 and 95 MiB, twice that at the garbage collector's peak),
+// or the descriptors to spare, if fewer.
+func defaultMaxConns() int { return max(1, min(2048, spareDescriptors())) }
+
+// spareDescriptors is the process's descriptor limit less room for the
+// database's connection (three files), the listener and the rest.
+func spareDescriptors() int {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return 1024
 	}
-	return max(1, min(4096, int(min(lim.Cur, 1<<20))-32-3))
+	return int(min(lim.Cur, 1<<20)) - 32 - 3
 }
 
-// limitListener caps client connections at max, so the process never
-// runs out of descriptors or memory. At the cap, a new connection is
-// taken and another closed to make room: first one whose request has not
-// reached the handlers (silent, or slow to send it) after silentAfter,
-// the oldest first, so that a flood of slow connections does not close a
-// new client's before its request is read; then the one idle longest
-// between requests. A connection whose request is being served is never
-// closed for room; while every one is, new connections wait in the
-// listen queue. At most one WARN line a minute says the cap is full, with
-// how many were closed.
+// limitListener caps the connections being served at max, so the
+// process never runs out of descriptors or memory, and lets no few
+// addresses crowd out the rest. It takes every connection from the
+// kernel as it comes, so that the listen queue does not fill (the kernel
+// then drops a new client's SYN, which is sent again only a second
+// later), and parks those beyond the cap, with no goroutine or buffer,
+// until their turn. Turns go round the client addresses: a client from
+// its own address is served next, however many wait from others.
+//
+// At most maxParked wait (the descriptors the served leave, up to
+// 32,768). When that many do, a newcomer takes the place of its own
+// address's oldest parked connection, or, from an address with none, of
+// the oldest of all. With no descriptor to spare, new connections wait in
+// the listen queue for a slot instead. At the cap a served connection is
+// closed to give a parked one its turn (see victim); one whose request is
+// being served never is. At most one WARN line a minute says the cap is
+// full, with how many were closed or gave their place.
 type limitListener struct {
 	net.Listener
-	max       int
-	log       *slog.Logger
-	freed     chan struct{} // a slot was freed, or a connection went idle
-	closed    chan struct{}
-	closeOnce sync.Once
+	max, maxParked int
+	log            *slog.Logger
+	turn, freed    chan struct{} // wake Accept, and the accept loop
+	closed         chan struct{}
+	closeOnce      sync.Once
 
 	mu        sync.Mutex
-	open      int
-	waiting   list.List   // connections not served nor idle, oldest first
-	idle      list.List   // connections idle between requests, longest first
-	answered  list.List   // answered with Connection: close, oldest first
-	fullLines *logLimiter // the WARN line, once a minute
+	open      int                       // connections being served
+	parked    list.List                 // waiting for a turn, oldest first
+	byAddress map[string]*parkedAddress // the same, by client address
+	turns     list.List                 // addresses with parked connections, next first
+	waiting   list.List                 // served, request not read yet, oldest first
+	idle      list.List                 // idle between requests, longest first
+	answered  list.List                 // answered with Connection: close, oldest first
+	fullLines *logLimiter               // the WARN line, once a minute
 }
 
-func newLimitListener(ln net.Listener, max int, log *slog.Logger) *limitListener {
-	return &limitListener{Listener: ln, max: max, log: log,
-		fullLines: newLogLimiter(time.Minute, 1, 0), freed: make(chan struct{}, 1), closed: make(chan struct{})}
+// parkedAddress is one client address's parked connections.
+type parkedAddress struct {
+	address string
+	conns   list.List     // oldest first
+	turn    *list.Element // its place in turns
 }
 
-func (l *limitListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	lc := &limitedConn{Conn: c, l: l}
+func newLimitListener(ln net.Listener, maxConns int, log *slog.Logger) *limitListener {
+	l := &limitListener{Listener: ln, max: maxConns, maxParked: max(0, min(32768, spareDescriptors()-maxConns)), log: log,
+		byAddress: map[string]*parkedAddress{}, fullLines: newLogLimiter(time.Minute, 1, 0),
+		turn: make(chan struct{}, 1), freed: make(chan struct{}, 1), closed: make(chan struct{})}
+	go l.acceptLoop()
+	return l
+}
+
+// acceptLoop takes connections from the kernel and parks them.
+func (l *limitListener) acceptLoop() {
+	failures := newLogLimiter(time.Minute, 1, 0)
 	for {
 		l.mu.Lock()
-		if l.open < l.max {
-			l.open++
-			lc.moveTo(&l.waiting)
-			l.mu.Unlock()
-			return lc, nil
+		full := l.parked.Len() > l.maxParked
+		l.mu.Unlock()
+		if full {
+			select {
+			case <-l.freed:
+			case <-l.closed:
+				return
+			}
+			continue
 		}
-		victim := l.victim()
-		if victim != nil {
-			l.noteClosedForRoom()
+		c, err := l.Listener.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil {
+			// Out of descriptors, say: wait a moment, as http.Server would.
+			if ok, held, _ := failures.allow("", time.Now()); ok {
+				l.log.Warn("accepting a connection failed", "err", err.Error(), "since_last_line", held)
+			}
+			time.Sleep(lingerFor)
+			continue
+		}
+		l.park(&limitedConn{Conn: c, l: l})
+	}
+}
+
+// park puts c in its address's queue, after the oldest of that address,
+// or of all, when the parking is full (see limitListener).
+func (l *limitListener) park(c *limitedConn) {
+	c.address, _, _ = net.SplitHostPort(c.RemoteAddr().String())
+	l.mu.Lock()
+	a := l.byAddress[c.address]
+	if a == nil {
+		a = &parkedAddress{address: c.address}
+		a.turn = l.turns.PushBack(a)
+		l.byAddress[c.address] = a
+	}
+	var shed *list.Element
+	if l.parked.Len() >= l.maxParked {
+		if shed = a.conns.Front(); shed == nil {
+			shed = l.parked.Front()
+		}
+	}
+	c.moveTo(&l.parked)
+	c.parkedAt = a.conns.PushBack(c)
+	if shed != nil {
+		l.noteClosedForRoom()
+	}
+	l.mu.Unlock()
+	l.signal()
+	if shed != nil {
+		shed.Value.(*limitedConn).Close()
+	}
+}
+
+// nextTurn takes the oldest parked connection of the address whose turn
+// it is, and puts the address at the back of the round. l.mu is held.
+func (l *limitListener) nextTurn() *limitedConn {
+	a := l.turns.Front().Value.(*parkedAddress)
+	c := a.conns.Front().Value.(*limitedConn)
+	c.unpark()
+	if a.conns.Len() > 0 {
+		l.turns.MoveToBack(a.turn)
+	}
+	return c
+}
+
+// Accept hands the http.Server the parked connection whose turn it is,
+// once a slot is free or made free.
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		l.mu.Lock()
+		var c, victim *limitedConn
+		if l.parked.Len() > 0 && l.open < l.max {
+			c = l.nextTurn()
+			l.open++
+			c.moveTo(&l.waiting)
+		} else if l.parked.Len() > 0 {
+			if victim = l.victim(); victim != nil {
+				l.noteClosedForRoom()
+			}
 		}
 		l.mu.Unlock()
+		if c != nil {
+			l.signal() // the accept loop may park another
+			return c, nil
+		}
 		if victim != nil {
 			victim.Close()
 			continue
 		}
-		// Room comes when a connection closes or goes idle, or when one
-		// has waited or lingered long enough to be closed.
-		timer := time.NewTimer(lingerFor)
+		// A turn comes when a connection is parked, closes or goes idle,
+		// or when one has waited or lingered long enough to be closed.
 		select {
-		case <-l.freed:
-		case <-timer.C:
+		case <-l.turn:
+		case <-time.After(lingerFor):
 		case <-l.closed:
-			c.Close()
 			return nil, net.ErrClosed
 		}
-		timer.Stop()
 	}
 }
 
-// victim is the connection to close for room, nil when every one is
-// being served or has just come. l.mu is held.
+// victim is the served connection to close for a parked one's turn, nil
+// when there is none to close: one answered with Connection: close after
+// lingerFor, then one whose request has not come after silentAfter
+// (silent, or slow to send it), the oldest first, then the one idle
+// longest between requests. A client whose request follows its
+// connection is never closed, nor one whose request is being served.
+// l.mu is held.
 func (l *limitListener) victim() *limitedConn {
-	// A connection answered with Connection: close lingers while Go's
-	// server waits for the client to read its answer (half a second, so
-	// that the close does not reset it away); after lingerFor it is done.
+	// One answered with Connection: close lingers while Go's server reads
+	// the rest of its body, so that the close does not reset the answer
+	// away; after lingerFor it is done.
 	if e := l.answered.Front(); e != nil && time.Since(e.Value.(*limitedConn).since) > lingerFor {
 		return e.Value.(*limitedConn)
 	}
@@ -121,12 +220,13 @@ func (l *limitListener) victim() *limitedConn {
 }
 
 // silentAfter is how long a new connection may take to send its request
-// before it can be closed for room: a real client's request follows its
-// connection within a round trip.
+// before it can be closed for a turn: a real client's request follows
+// its connection within a round trip.
 const silentAfter = time.Second
 
 // lingerFor is how long a connection answered with Connection: close is
-// left for its client to read the answer before it may be closed for room.
+// left for its client to read the answer before it may be closed for a
+// turn.
 const lingerFor = 50 * time.Millisecond
 
 // noteClosedForRoom says that a connection was closed for room, at most
@@ -138,11 +238,14 @@ func (l *limitListener) noteClosedForRoom() {
 	}
 }
 
-// signal wakes an Accept waiting for room.
+// signal wakes an Accept waiting for a turn, and the accept loop
+// waiting for a parked connection to leave.
 func (l *limitListener) signal() {
-	select {
-	case l.freed <- struct{}{}:
-	default:
+	for _, ch := range []chan struct{}{l.turn, l.freed} {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -209,9 +312,21 @@ func (l *limitListener) moveOpen(c *limitedConn, to *list.List) {
 	}
 }
 
+// Close closes the listener and the parked connections, whose clients
+// would otherwise wait for the process to end.
 func (l *limitListener) Close() error {
 	l.closeOnce.Do(func() { close(l.closed) })
-	return l.Listener.Close()
+	err := l.Listener.Close()
+	l.mu.Lock()
+	var parked []*limitedConn
+	for e := l.parked.Front(); e != nil; e = e.Next() {
+		parked = append(parked, e.Value.(*limitedConn))
+	}
+	l.mu.Unlock()
+	for _, c := range parked {
+		c.Close()
+	}
+	return err
 }
 
 // limitedConn gives its slot back when it is closed.
@@ -221,9 +336,24 @@ type limitedConn struct {
 	since time.Time // when it was last put in a list
 	// Guarded by l.mu: the list it is in (nil while served), its element
 	// there, and whether it was closed.
-	in     *list.List
-	elem   *list.Element
-	closed bool
+	in       *list.List
+	elem     *list.Element
+	closed   bool
+	address  string        // the client's, without the port
+	parkedAt *list.Element // its place in its address's queue, while parked
+}
+
+// unpark takes a parked c out of its address's queue, and the address
+// out of the round once its queue is empty. l.mu is held.
+func (c *limitedConn) unpark() {
+	a := c.l.byAddress[c.address]
+	a.conns.Remove(c.parkedAt)
+	c.parkedAt = nil
+	if a.conns.Len() == 0 {
+		c.l.turns.Remove(a.turn)
+		delete(c.l.byAddress, c.address)
+	}
+	c.moveTo(nil)
 }
 
 // moveTo takes c out of its list and puts it at the back of to (none
@@ -243,9 +373,13 @@ func (c *limitedConn) Close() error {
 	c.l.mu.Lock()
 	if !c.closed {
 		c.closed = true
-		c.moveTo(nil)
-		c.l.open--
-		c.l.signal()
+		if c.parkedAt != nil {
+			c.unpark()
+		} else {
+			c.moveTo(nil)
+			c.l.open--
+			c.l.signal()
+		}
 	}
 	c.l.mu.Unlock()
 	return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -9,7 +10,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -179,4 +183,118 @@ func TestConnectionCap(t *testing.T) {
 		t.Errorf("the oldest silent connection: %v, want it closed (EOF)", err)
 	}
 	checkLines(t, svc.log, `level=WARN msg="connection limit reached: [^"]*" max_conns=4 closed=1`, 1)
+}
+
+// TestSlowConnectionsFromManyAddresses: clients without a key hold
+// 22,000 connections at once from 90 addresses, each redialled when it
+// ends: half send their headers and one byte of a 1,000-byte body and
+// wait, half send nothing. Meanwhile a client from a fresh address is
+// answered within 1 s at least 9 times of 10, and its own unauthenticated
+// POST with an unfinished body gets its 401 within 2 s; the binary stays
+// at or under 256 MiB resident, and a WARN line says the cap was full.
+func TestSlowConnectionsFromManyAddresses(t *testing.T) {
+	if host := os.Getenv("PETSTORE_TEST_FLOOD"); host != "" {
+		floodConnections(host) // a flood's own process, until killed
+	}
+	// The binary inherits the raised limit: descriptors for the served
+	// connections and the parked ones.
+	var lim syscall.Rlimit
+	must(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
+	lim.Cur = lim.Max
+	if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) != nil || lim.Cur < 12000 {
+		lacking(t, "a descriptor limit of 12,000 for 11,000 connections", "ulimit -Hn 12000 or more")
+	}
+	logs := &syncBuffer{}
+	base, cmd := startBinary(t, nil, nil, logs)
+	// The flood runs in two processes of their own, as it would on other
+	// machines: in this one, its goroutines would hold up the probe
+	// client's own, and the test would time the client.
+	host := strings.TrimPrefix(base, "http://")
+	var dialled [2]atomic.Int64
+	total := func() int64 { return dialled[0].Load() + dialled[1].Load() }
+	for i := range dialled {
+		flood := exec.Command(os.Args[0], "-test.run", "^TestSlowConnectionsFromManyAddresses$")
+		flood.Env = append(os.Environ(), "PETSTORE_TEST_FLOOD="+host)
+		counts, err := flood.StdoutPipe()
+		must(t, err)
+		must(t, flood.Start())
+		t.Cleanup(func() { flood.Process.Kill(); flood.Wait() })
+		go func() {
+			for lines := bufio.NewScanner(counts); lines.Scan(); {
+				if n, err := strconv.ParseInt(strings.TrimPrefix(lines.Text(), "dialled "), 10, 64); err == nil {
+					dialled[i].Store(n)
+				}
+			}
+		}()
+	}
+	waitFor(t, patience, "22,000 connections dialled", func() bool { return total() >= 22000 })
+
+	fresh := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 2, 0, 1)}}
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: fresh.DialContext, DisableKeepAlives: true}}
+	answered, slowest := 0, time.Duration(0)
+	for range 10 {
+		start := time.Now()
+		if r := send(t, base, call{method: "GET", path: "/healthz", client: client}); r.status == 200 {
+			answered++
+			slowest = max(slowest, time.Since(start))
+		} else {
+			t.Logf("probe: %v after %s", r.err, time.Since(start))
+		}
+	}
+	if answered < 9 {
+		t.Errorf("a client from a fresh address was answered within 1 s %d times of 10, want at least 9", answered)
+	}
+	c, err := fresh.Dial("tcp", host)
+	must(t, err)
+	defer c.Close()
+	sent := time.Now()
+	io.WriteString(c, slowPOST)
+	c.SetReadDeadline(sent.Add(2 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Errorf("an unauthenticated POST with an unfinished body: no answer within 2 s: %v", err)
+	} else if resp.Body.Close(); resp.StatusCode != 401 || !resp.Close {
+		t.Errorf("an unauthenticated POST with an unfinished body: %d, connection closed %v; want 401, closed", resp.StatusCode, resp.Close)
+	}
+	answeredIn := time.Since(sent)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	must(t, err)
+	peakKiB, _ := strconv.Atoi(string(regexp.MustCompile(`VmHWM:\s+(\d+) kB`).FindSubmatch(status)[1]))
+	if peakKiB > 256<<10 {
+		t.Errorf("peak resident memory %d KiB, want at most 256 MiB", peakKiB)
+	}
+	waitForLog(t, logs, `level=WARN msg="connection limit reached: connections not being served were closed to make room for new ones" max_conns=2048 closed=\d+`, 1)
+	t.Logf("%d connections from 90 addresses, 22,000 at once: a fresh client answered %d of 10 times within 1 s, the slowest in %s; the 401 to a POST with an unfinished body in %s; peak RSS %d KiB",
+		total(), answered, slowest.Round(time.Millisecond), answeredIn.Round(time.Millisecond), peakKiB)
+}
+
+// slowPOST is the headers of a POST and one byte of its 1,000-byte body.
+const slowPOST = "POST /v1/pets HTTP/1.1\r\nHost: petstore\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+
+// floodConnections keeps 11,000 connections open to host from 90
+// addresses, each redialled when it ends: half send the headers of a
+// POST and one byte of its 1,000-byte body, half send nothing. It prints
+// how many it has dialled, ten times a second, and never returns.
+func floodConnections(host string) {
+	var dialled atomic.Int64
+	for i := range 11000 {
+		go func() {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 1, byte(i%90), 1)}}
+			for {
+				c, err := d.Dial("tcp", host)
+				if err != nil {
+					continue // dropped while the queue was full: dial again
+				}
+				dialled.Add(1)
+				if i%2 == 0 {
+					io.WriteString(c, slowPOST)
+				}
+				io.Copy(io.Discard, c) // until the service closes it
+				c.Close()
+			}
+		}()
+	}
+	for range time.Tick(100 * time.Millisecond) {
+		fmt.Printf("dialled %d\n", dialled.Load())
+	}
 }

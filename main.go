@@ -378,7 +378,7 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log `level`: debug, info (one line per request), warn or error")
 	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)")
 	f.int(&c.maxConns, "max-conns", "PETSTORE_MAX_CONNS", defaultMaxConns(), "", fmt.Sprintf(
-		"most client connections open at once, an `int` (default: 4096, or the descriptor limit less room for the database if lower; here %d)", defaultMaxConns()))
+		"most client connections served at once, an `int` (default: 2048, or the descriptor limit less room for the database if lower; here %d)", defaultMaxConns()))
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	c.variables = f.vars
 	err := fs.Parse(args[1:])
