@@ -1,5 +1,6 @@
-// What a connection meets before HTTP: caps on open client connections, so
-// the process never runs out of descriptors and no client takes them all;
+// What a connection meets before HTTP: a cap on the connections served,
+// with the rest parked in turns by address, so the process never runs out
+// of descriptors or memory and no few clients take every turn;
 // the TLS certificate, reloaded on SIGHUP; and the server's own error log.
 
 package main
