@@ -60,7 +60,7 @@ type limitListener struct {
 	net.Listener
 	max, maxParked int
 	log            *slog.Logger
-	turn, freed    chan struct{} // wake Accept, and the accept loop
+	turn           chan struct{} // wakes Accept
 	closed         chan struct{}
 	closeOnce      sync.Once
 
@@ -85,7 +85,7 @@ type parkedAddress struct {
 func newLimitListener(ln net.Listener, maxConns int, log *slog.Logger) *limitListener {
 	l := &limitListener{Listener: ln, max: maxConns, maxParked: max(0, min(32768, spareDescriptors()-maxConns)), log: log,
 		byAddress: map[string]*parkedAddress{}, fullLines: newLogLimiter(time.Minute, 1, 0),
-		turn: make(chan struct{}, 1), freed: make(chan struct{}, 1), closed: make(chan struct{})}
+		turn: make(chan struct{}, 1), closed: make(chan struct{})}
 	go l.acceptLoop()
 	return l
 }
@@ -98,11 +98,7 @@ func (l *limitListener) acceptLoop() {
 		full := l.parked.Len() > l.maxParked
 		l.mu.Unlock()
 		if full {
-			select {
-			case <-l.freed:
-			case <-l.closed:
-				return
-			}
+			time.Sleep(lingerFor) // for a slot, with no descriptor to park on
 			continue
 		}
 		c, err := l.Listener.Accept()
@@ -138,15 +134,16 @@ func (l *limitListener) park(c *limitedConn) {
 			shed = l.parked.Front()
 		}
 	}
-	c.moveTo(&l.parked)
-	c.parkedAt = a.conns.PushBack(c)
 	if shed != nil {
+		l.evict(shed.Value.(*limitedConn))
 		l.noteClosedForRoom()
 	}
+	c.moveTo(&l.parked)
+	c.parkedAt = a.conns.PushBack(c)
 	l.mu.Unlock()
 	l.signal()
 	if shed != nil {
-		shed.Value.(*limitedConn).Close()
+		shed.Value.(*limitedConn).Conn.Close()
 	}
 }
 
@@ -168,29 +165,31 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	for {
 		l.mu.Lock()
 		var c, victim *limitedConn
+		var aging <-chan time.Time // while parked ones wait for a victim
 		if l.parked.Len() > 0 && l.open < l.max {
 			c = l.nextTurn()
 			l.open++
 			c.moveTo(&l.waiting)
 		} else if l.parked.Len() > 0 {
 			if victim = l.victim(); victim != nil {
+				l.evict(victim)
 				l.noteClosedForRoom()
 			}
+			aging = time.After(lingerFor)
 		}
 		l.mu.Unlock()
 		if c != nil {
-			l.signal() // the accept loop may park another
 			return c, nil
 		}
 		if victim != nil {
-			victim.Close()
+			victim.Conn.Close()
 			continue
 		}
 		// A turn comes when a connection is parked, closes or goes idle,
 		// or when one has waited or lingered long enough to be closed.
 		select {
 		case <-l.turn:
-		case <-time.After(lingerFor):
+		case <-aging:
 		case <-l.closed:
 			return nil, net.ErrClosed
 		}
@@ -239,14 +238,11 @@ func (l *limitListener) noteClosedForRoom() {
 	}
 }
 
-// signal wakes an Accept waiting for a turn, and the accept loop
-// waiting for a parked connection to leave.
+// signal wakes an Accept waiting for a turn.
 func (l *limitListener) signal() {
-	for _, ch := range []chan struct{}{l.turn, l.freed} {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	select {
+	case l.turn <- struct{}{}:
+	default:
 	}
 }
 
@@ -293,6 +289,13 @@ func (l *limitListener) serving(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		lc, _ := r.Context().Value(connKey{}).(*limitedConn)
 		l.moveOpen(lc, nil)
+		// Go's server reads off a body the handler left before it sends
+		// the answer, until the read timeout for a slow one, unless the
+		// connection is to close (see requireAPIKey); only a create reads
+		// its body.
+		if r.ContentLength != 0 && (r.Method != http.MethodPost || r.URL.Path != "/v1/pets") {
+			w.Header().Set("Connection", "close")
+		}
 		next.ServeHTTP(w, r)
 		if lc != nil && w.Header().Get("Connection") == "close" {
 			http.NewResponseController(w).Flush()
@@ -313,18 +316,22 @@ func (l *limitListener) moveOpen(c *limitedConn, to *list.List) {
 	}
 }
 
-// Close closes the listener and the parked connections, whose clients
-// would otherwise wait for the process to end.
+// Close closes the listener, the parked connections, whose clients would
+// otherwise wait for the process to end, and those already answered with
+// Connection: close, which a graceful stop would otherwise wait for while
+// Go's server reads the rest of a slow body.
 func (l *limitListener) Close() error {
 	l.closeOnce.Do(func() { close(l.closed) })
 	err := l.Listener.Close()
 	l.mu.Lock()
-	var parked []*limitedConn
-	for e := l.parked.Front(); e != nil; e = e.Next() {
-		parked = append(parked, e.Value.(*limitedConn))
+	var done []*limitedConn
+	for _, conns := range []*list.List{&l.parked, &l.answered} {
+		for e := conns.Front(); e != nil; e = e.Next() {
+			done = append(done, e.Value.(*limitedConn))
+		}
 	}
 	l.mu.Unlock()
-	for _, c := range parked {
+	for _, c := range done {
 		c.Close()
 	}
 	return err
@@ -373,17 +380,24 @@ func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
 	c.l.mu.Lock()
 	if !c.closed {
-		c.closed = true
-		if c.parkedAt != nil {
-			c.unpark()
-		} else {
-			c.moveTo(nil)
-			c.l.open--
-			c.l.signal()
-		}
+		c.l.evict(c)
+		c.l.signal()
 	}
 	c.l.mu.Unlock()
 	return err
+}
+
+// evict takes c off the books, as closing it does: chosen to be closed
+// for room, it is then neither handed out nor served, though its
+// descriptor is closed only once l.mu is released. l.mu is held.
+func (l *limitListener) evict(c *limitedConn) {
+	c.closed = true
+	if c.parkedAt != nil {
+		c.unpark()
+		return
+	}
+	c.moveTo(nil)
+	l.open--
 }
 
 // certificate holds the TLS certificate the service presents, swapped
