@@ -418,7 +418,8 @@ func (s *petStore) checkpointInPlace(w *batchWriter) (aside []any, ok bool) {
 	if !s.savedInPlace && w.checkpoint("TRUNCATE") != nil || err != nil || !os.SameFile(db, s.file.opened[0]) {
 		return nil, false
 	}
-	if wal, err := os.Stat(path + "-wal"); err == nil && !os.SameFile(wal, s.file.opened[1]) {
+	// An empty one, as a sqlite3 shell's read leaves, holds nothing to lay.
+	if wal, err := os.Stat(path + "-wal"); err == nil && wal.Size() > 0 && !os.SameFile(wal, s.file.opened[1]) {
 		aside = []any{"moved_aside", path + "-wal.not-the-services-" + time.Now().UTC().Format("20060102T150405.000Z")}
 		return aside, os.Rename(path+"-wal", aside[1].(string)) == nil && syncPath(filepath.Dir(path)) == nil
 	}
@@ -432,7 +433,7 @@ func (s *petStore) checkpointInPlace(w *batchWriter) (aside []any, ok bool) {
 // pet. It logs when the database at its path came to hold them all, and
 // when it moved a -wal aside.
 func (s *petStore) keepInPlace(w *batchWriter) {
-	if f := s.lasting.Load(); f.kind != faultTampered {
+	if f := s.lasting.Load(); f == nil || f.kind != faultTampered {
 		return
 	}
 	// A reader is waited out a second at a time, not in the writer loop,

@@ -122,21 +122,26 @@ func (l *limitListener) acceptLoop() {
 func (l *limitListener) park(c *limitedConn) {
 	c.address, _, _ = net.SplitHostPort(c.RemoteAddr().String())
 	l.mu.Lock()
-	a := l.byAddress[c.address]
-	if a == nil {
-		a = &parkedAddress{address: c.address}
-		a.turn = l.turns.PushBack(a)
-		l.byAddress[c.address] = a
-	}
+	// The one shed goes first: were it its address's last, the address
+	// leaves the round, and c must then bring it back.
 	var shed *list.Element
 	if l.parked.Len() >= l.maxParked {
-		if shed = a.conns.Front(); shed == nil {
+		if a := l.byAddress[c.address]; a != nil {
+			shed = a.conns.Front()
+		}
+		if shed == nil {
 			shed = l.parked.Front()
 		}
 	}
 	if shed != nil {
 		l.evict(shed.Value.(*limitedConn))
 		l.noteClosedForRoom()
+	}
+	a := l.byAddress[c.address]
+	if a == nil {
+		a = &parkedAddress{address: c.address}
+		a.turn = l.turns.PushBack(a)
+		l.byAddress[c.address] = a
 	}
 	c.moveTo(&l.parked)
 	c.parkedAt = a.conns.PushBack(c)

@@ -311,3 +311,44 @@ func floodConnections(host string) {
 		fmt.Printf("dialled %d\n", dialled.Load())
 	}
 }
+
+// TestParkingFull: with the parking full, a newcomer takes the place of
+// its own address's oldest parked connection, which is closed, and is
+// handed out in its turn, even when the one it displaced was its
+// address's last.
+func TestParkingFull(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	l := newLimitListener(ln, 1, discardLog)
+	defer l.Close()
+	l.mu.Lock()
+	l.maxParked = 1
+	l.mu.Unlock()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		must(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	dial()
+	served, err := l.Accept() // the one slot
+	must(t, err)
+	displaced := dial()
+	waitFor(t, patience, "a connection parked", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.parked.Len() == 1
+	})
+	newcomer := dial()
+	displaced.SetReadDeadline(time.Now().Add(patience))
+	if _, err := displaced.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("the displaced connection: %v, want it closed (EOF)", err)
+	}
+	served.Close()
+	next, err := l.Accept()
+	must(t, err)
+	if next.RemoteAddr().String() != newcomer.LocalAddr().String() {
+		t.Errorf("handed out %s, want the newcomer %s", next.RemoteAddr(), newcomer.LocalAddr())
+	}
+	next.Close()
+}

@@ -146,7 +146,9 @@ const checkpointEvery = 200
 // read-only, to see it begin (see storageDoubtful).
 func (s *petStore) writeLoop(w *batchWriter) {
 	defer close(s.queue.loopDone)
-	defer func() { w.close() }()
+	// A -wal laid at the path since the last look is moved aside before
+	// a stop, so the restart the log asks for does not replay it.
+	defer func() { s.keepInPlace(w); w.close() }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	watch := time.NewTicker(externalWriteCheck)
