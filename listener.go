@@ -293,7 +293,14 @@ func limitedOf(c net.Conn) (*limitedConn, bool) {
 func (l *limitListener) serving(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		lc, _ := r.Context().Value(connKey{}).(*limitedConn)
-		l.moveOpen(lc, nil)
+		// A chunked body is refused once read off (see refuseChunked),
+		// which can take the read timeout: meanwhile its connection may be
+		// closed for room, as one already answered.
+		var to *list.List // being served
+		if len(r.TransferEncoding) > 0 {
+			to = &l.answered
+		}
+		l.moveOpen(lc, to)
 		// Go's server reads off a body the handler left before it sends
 		// the answer, until the read timeout for a slow one, unless the
 		// connection is to close (see requireAPIKey); only a create reads

@@ -217,13 +217,10 @@ func refuseChunked(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		// The body is read and thrown away first, up to maxDrainBytes, as
-		// for a 413: a client still sending when the connection closes is
-		// reset and loses the answer. Within silentAfter, not the read
-		// timeout: the key is not checked yet, and a trickle would hold a
-		// slot. The body reader stops at the last chunk, so what follows
-		// is never read.
-		http.NewResponseController(w).SetReadDeadline(time.Now().Add(silentAfter))
+		// The body is read and thrown away first, up to maxDrainBytes and
+		// within -read-timeout, as for a 413: a client still sending when
+		// the connection closes is reset and loses the answer. The body
+		// reader stops at the last chunk, so what follows is never read.
 		io.Copy(io.Discard, io.LimitReader(r.Body, maxDrainBytes))
 		w.Header().Set("Connection", "close")
 		writeError(w, http.StatusLengthRequired, codeLengthRequired,
