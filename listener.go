@@ -179,8 +179,9 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			if victim = l.victim(); victim != nil {
 				l.evict(victim)
 				l.noteClosedForRoom()
+			} else {
+				aging = time.After(lingerFor)
 			}
-			aging = time.After(lingerFor)
 		}
 		l.mu.Unlock()
 		if c != nil {
