@@ -438,8 +438,8 @@ func (s *petStore) keepInPlace(w *batchWriter) {
 	}
 	// A reader is waited out a second at a time, not in the writer loop,
 	// which must go on answering creates their 503.
-	w.conn.ExecContext(context.Background(), "PRAGMA busy_timeout = 0")
-	defer w.conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
+	w.setBusyTimeout(0)
+	defer w.setBusyTimeout(busyTimeoutMillis)
 	if aside, ok := s.checkpointInPlace(w); ok && (!s.savedInPlace || aside != nil) {
 		s.savedInPlace = true
 		s.log.Error("the database at its path holds every pet: "+inPlace, append(aside, "db", s.file.path)...)

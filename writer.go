@@ -368,8 +368,8 @@ func (s *petStore) probeWrite(w **batchWriter) {
 	// A probe does not wait for a lock another process holds: that would
 	// hold up the creates queued behind it.
 	ctx := context.Background()
-	(*w).conn.ExecContext(ctx, "PRAGMA busy_timeout = 0")
-	defer (*w).conn.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", busyTimeoutMillis))
+	(*w).setBusyTimeout(0)
+	defer (*w).setBusyTimeout(busyTimeoutMillis)
 	s.commitStart.Store(time.Now().UnixNano())
 	err := (*w).inTx(ctx, func() error {
 		_, err := (*w).conn.ExecContext(ctx, probeSQL)
@@ -459,6 +459,12 @@ func (w *batchWriter) reopen(db *sql.DB) (*batchWriter, error) {
 	w.conn.Raw(func(any) error { return driver.ErrBadConn }) // not back to the pool
 	w.close()
 	return fresh, nil
+}
+
+// setBusyTimeout sets how long the connection's statements wait for a
+// lock another process holds before they fail.
+func (w *batchWriter) setBusyTimeout(millis int) {
+	w.conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", millis))
 }
 
 // checkpoint runs PRAGMA wal_checkpoint in the given mode. A checkpoint
