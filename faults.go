@@ -20,8 +20,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/mattn/go-sqlite3"
 )
 
 // faultKind names a cause, outside the service, for which the store
@@ -83,31 +81,8 @@ func classifyFault(err error) (faultKind, bool) {
 	if errors.As(err, &se) {
 		return se.kind, true
 	}
-	var sqliteErr sqlite3.Error
-	if errors.As(err, &sqliteErr) {
-		// The system's errno says more than SQLite's code: a write refused
-		// for an immutable file is SQLITE_IOERR_WRITE with EPERM. But a
-		// failed fsync is an I/O fault whatever its errno: ENOSPC from a
-		// thin-provisioned volume means written pages were dropped.
-		fsync := sqliteErr.ExtendedCode == sqlite3.ErrIoErrFsync || sqliteErr.ExtendedCode == sqlite3.ErrIoErrDirFsync
-		if kind, ok := classifyErrno(sqliteErr.SystemErrno); ok && !fsync {
-			return kind, true
-		}
-		switch sqliteErr.Code {
-		case sqlite3.ErrFull:
-			return faultDiskFull, true
-		case sqlite3.ErrReadonly, sqlite3.ErrPerm:
-			if sqliteErr.ExtendedCode == sqlite3.ErrReadonlyDbMoved {
-				return faultReplaced, true
-			}
-			return faultReadOnly, true
-		case sqlite3.ErrIoErr, sqlite3.ErrCantOpen:
-			return faultIO, true
-		case sqlite3.ErrBusy, sqlite3.ErrLocked:
-			return faultLocked, true
-		case sqlite3.ErrCorrupt, sqlite3.ErrNotADB:
-			return faultDamaged, true
-		}
+	if kind, isSQLite := sqliteFault(err); isSQLite {
+		return kind, kind != faultNone
 	}
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
@@ -146,9 +121,9 @@ type dbFile struct {
 	// them (nil: not opened), to tell by os.SameFile (device and inode)
 	// whether the file at a path is still that one.
 	opened [3]os.FileInfo
-	// dirTimes are the directory's modification and change times when
-	// the three files were last all found in place.
-	dirTimes [2]syscall.Timespec
+	// dirTime is the directory's modification time when the three files
+	// were last all found in place.
+	dirTime time.Time
 }
 
 // companions are the suffixes of the files SQLite keeps beside the
@@ -207,16 +182,14 @@ func (d *dbFile) noteOpened() {
 // Committing on would acknowledge pets that a restart cannot find.
 //
 // A file deleted, renamed or put in its place changes the directory's
-// times, so the files are looked at only when those moved since the last
-// look, or moved within the last second (the kernel's clock for them is
-// coarse: two changes in one tick leave the same time). A stat of the
+// modification time, so the files are looked at only when it moved since
+// the last look, or moved within the last second (the kernel's clock for
+// it is coarse: two changes in one tick leave the same time). A stat of the
 // -wal while SQLite writes it cost a tenth of create throughput under
 // load, measured; the directory's costs nothing that shows.
 func (d *dbFile) vanished() string {
-	var dir syscall.Stat_t
-	dirErr := syscall.Stat(filepath.Dir(d.path), &dir)
-	times := [2]syscall.Timespec{dir.Mtim, dir.Ctim}
-	if dirErr == nil && times == d.dirTimes && time.Since(time.Unix(dir.Ctim.Unix())) > time.Second {
+	dir, dirErr := os.Stat(filepath.Dir(d.path))
+	if dirErr == nil && dir.ModTime().Equal(d.dirTime) && time.Since(d.dirTime) > time.Second {
 		return ""
 	}
 	for i, suffix := range companions {
@@ -225,7 +198,7 @@ func (d *dbFile) vanished() string {
 		}
 	}
 	if dirErr == nil {
-		d.dirTimes = times
+		d.dirTime = dir.ModTime()
 	}
 	return ""
 }
@@ -483,8 +456,10 @@ const minFreeBytes = 1 << 20
 func (s *petStore) storageDoubtful() bool {
 	var st syscall.Statfs_t
 	err := syscall.Fstatfs(int(s.file.lock.Fd()), &st)
-	const stRdonly = 1 // ST_RDONLY
-	return err != nil || st.Flags&stRdonly != 0 || st.Bavail*uint64(st.Bsize) < minFreeBytes || s.file.readOnly.Load()
+	// ST_RDONLY on Linux, MNT_RDONLY on the BSDs and macOS; the fields'
+	// types differ between systems, hence the conversions.
+	const stRdonly = 1
+	return err != nil || st.Flags&stRdonly != 0 || uint64(st.Bavail)*uint64(st.Bsize) < minFreeBytes || s.file.readOnly.Load()
 }
 
 // quickCheck runs PRAGMA quick_check before the first write, a

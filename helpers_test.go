@@ -438,9 +438,14 @@ var built struct {
 	err  error
 }
 
-// petstoreBinary returns the path of the built petstore binary.
+// petstoreBinary returns the path of the built petstore binary:
+// PETSTORE_TEST_BINARY where it names one (CI: the static musl build),
+// else this tree built once.
 func petstoreBinary(t testing.TB) string {
 	t.Helper()
+	if bin := os.Getenv("PETSTORE_TEST_BINARY"); bin != "" {
+		return bin
+	}
 	goBin := needTool(t, "go", "https://go.dev/doc/install")
 	built.once.Do(func() {
 		built.dir, built.err = os.MkdirTemp("", "petstore-test-")

@@ -35,6 +35,13 @@ func main() {
 	}
 }
 
+// needsCgo is all that a binary built without cgo prints (nocgo.go):
+// SQLite is C, so petstore needs a C compiler to build.
+const needsCgo = `petstore needs cgo and a C compiler: it keeps its pets in SQLite, which is C (github.com/mattn/go-sqlite3), and this binary was built with cgo off (CGO_ENABLED=0, or no C compiler was found). Install a C compiler and build again with CGO_ENABLED=1:
+  Debian, Ubuntu: apt-get install gcc
+  Alpine:         apk add gcc musl-dev
+  macOS:          xcode-select --install`
+
 // shutdownGrace bounds how long requests in flight may take to finish
 // after SIGINT or SIGTERM.
 const shutdownGrace = 10 * time.Second

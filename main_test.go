@@ -412,6 +412,30 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestBuiltWithoutCgo builds petstore with cgo off, as Go does by itself
+// where it finds no C compiler: the binary prints the one message that
+// says what it needs, nothing before or after it, and exits with status 2.
+func TestBuiltWithoutCgo(t *testing.T) {
+	goBin := needTool(t, "go", "https://go.dev/doc/install")
+	bin := filepath.Join(t.TempDir(), "petstore")
+	build := exec.Command(goBin, "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build with CGO_ENABLED=0: %v\n%s", err, out)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, "-db", filepath.Join(t.TempDir(), "pets.db"))
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Errorf("the binary built without cgo exited with %v, want exit status 2", err)
+	}
+	if diff := cmp.Diff(needsCgo+"\n", stderr.String()); diff != "" || stdout.Len() > 0 {
+		t.Errorf("stdout %q; stderr (-want +got):\n%s", stdout.String(), diff)
+	}
+}
+
 // TestSystemdUnit checks petstore.service with systemd's own verifier and
 // holds it to the hardening the README promises.
 func TestSystemdUnit(t *testing.T) {

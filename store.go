@@ -21,23 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/mattn/go-sqlite3"
-	// also registers the "sqlite3" driver
 )
-
-// #include <malloc.h>
-import "C"
-
-// init keeps glibc from handing memory back to the kernel each time SQLite
-// frees the 64 KiB statement journal of an insert (the CHECK constraint's
-// length() makes every insert in a transaction keep one): with its default,
-// dynamic trim threshold glibc could madvise on every create, which cost a
-// fifth of create throughput. Memory above 64 MiB free at the top of a heap
-// is still given back.
-func init() {
-	C.mallopt(C.M_TRIM_THRESHOLD, 64<<20)
-}
 
 var (
 	// errNotFound: no pet has the requested id.
@@ -171,21 +155,6 @@ type petStore struct {
 	closeErr  error
 }
 
-// sqliteDriver is go-sqlite3 with every connection set to keep the -wal
-// and -shm files when it closes (the WAL emptied). SQLite deletes them on
-// a clean close by default, and then a restart on a full disk fails: a
-// new -shm needs 32 KiB. Kept, they let the service start and serve reads
-// with no byte free.
-const sqliteDriver = "sqlite3-petstore"
-
-func init() {
-	sql.Register(sqliteDriver, &sqlite3.SQLiteDriver{
-		ConnectHook: func(c *sqlite3.SQLiteConn) error {
-			return c.SetFileControlInt("main", sqlite3.SQLITE_FCNTL_PERSIST_WAL, 1)
-		},
-	})
-}
-
 // busyTimeoutMillis is how long a connection waits for a lock another
 // process holds before the request gets a 503 "database locked".
 const busyTimeoutMillis = 5000
@@ -232,8 +201,7 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 			writer.Close()
 		}
 		file.close()
-		var sqliteErr sqlite3.Error
-		if file.readOnly.Load() && errors.As(err, &sqliteErr) {
+		if _, isSQLite := sqliteFault(err); file.readOnly.Load() && isSQLite {
 			// SQLite's own message ("unable to open database file",
 			// "attempt to write a readonly database") does not say that
 			// opening the file needs a write.

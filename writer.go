@@ -17,8 +17,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/mattn/go-sqlite3"
 )
 
 // errClosed is returned for writes after close.
@@ -290,8 +288,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 			s.commit(w, []*writeRequest{r})
 		}
 	default:
-		var refusal sqlite3.Error
-		if errors.As(err, &refusal) && refusal.Code == sqlite3.ErrConstraint {
+		if refusal := constraintRefusal(err); refusal != nil {
 			err = fmt.Errorf("%w: %s", errRefusedByDatabase, refusal.Error())
 		}
 		batch[0].done <- writeResult{err: err}
@@ -539,7 +536,7 @@ func (w *batchWriter) inTx(ctx context.Context, fn func() error) error {
 func (w *batchWriter) tx(ctx context.Context, begin *sql.Stmt, fn func() error) error {
 	inTx := false
 	w.conn.Raw(func(dc any) error {
-		inTx = !dc.(*sqlite3.SQLiteConn).AutoCommit()
+		inTx = inTransaction(dc)
 		return nil
 	})
 	if inTx {
