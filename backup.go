@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -133,7 +132,13 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("backup file %s already exists; a backup never overwrites a file", dst)
 	}
-	db, err := sql.Open(sqliteDriver, sqliteDSN(src))
+	// Whose file it is is read first, and the copy is read, through a
+	// read-only connection: another application's file is refused with
+	// nothing written to it or beside it.
+	if _, err := inspect(src); err != nil {
+		return 0, fmt.Errorf("back up %s: %w", src, err)
+	}
+	db, err := sql.Open("sqlite3", readOnlyDSN(src))
 	if err != nil {
 		return 0, err
 	}
@@ -159,7 +164,7 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 // read-only and without our DSN options, which would turn it into a WAL
 // database with -wal and -shm files beside it.
 func checkBackup(ctx context.Context, path string) (pets int64, err error) {
-	out, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
+	out, err := sql.Open("sqlite3", readOnlyDSN(path))
 	if err != nil {
 		return 0, err
 	}
@@ -234,7 +239,7 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 	// The copy is written by SQLite from the backup as SQLite reads it,
 	// its -wal included (a backup left by a killed service has one), then
 	// checked and counted itself.
-	src, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: from}).EscapedPath()+"?mode=ro")
+	src, err := sql.Open("sqlite3", readOnlyDSN(from))
 	if err != nil {
 		return 0, err
 	}

@@ -246,6 +246,35 @@ func TestRestore(t *testing.T) {
 		`{"id":3,"name":"New","categoryId":4,"status":"available"}`)
 }
 
+// TestBackupLeavesAForeignFileAlone runs petstore backup -db on another
+// application's SQLite file: refused, the file byte-identical, nothing
+// created beside it (no -wal, -shm or journal).
+func TestBackupLeavesAForeignFileAlone(t *testing.T) {
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other.db")
+	sqlExec(t, other, "CREATE TABLE notes (text TEXT)", "INSERT INTO notes VALUES ('keep me')")
+	before, err := os.ReadFile(other)
+	must(t, err)
+	err = run(context.Background(), []string{"petstore", "backup", "-db", other, filepath.Join(t.TempDir(), "copy.db")},
+		func(string) string { return "" }, io.Discard, io.Discard)
+	want := "not a petstore database: it holds tables petstore did not make (notes)"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("backup of another application's file: %v, want it refused: %s", err, want)
+	}
+	if after, err := os.ReadFile(other); err != nil || !bytes.Equal(after, before) {
+		t.Errorf("the other application's file changed (%v)", err)
+	}
+	entries, err := os.ReadDir(dir)
+	must(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if diff := cmp.Diff([]string{"other.db"}, names); diff != "" {
+		t.Errorf("files beside the other application's (-want +got):\n%s", diff)
+	}
+}
+
 // TestSnapshotsNamedAhead: snapshots named by a clock that once ran a
 // year ahead sort as the newest; they are kept and named, not counted,
 // so -keep still keeps that many fresh ones.

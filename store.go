@@ -187,6 +187,14 @@ func sqliteDSN(path string, extra ...string) string {
 	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + strings.Join(params, "&")
 }
 
+// readOnlyDSN opens path for reading only, with SQLite's defaults (not
+// the service's DSN, which would switch a rollback-journal file to WAL
+// and create a -wal and -shm beside it), waiting out a lock as the
+// service does.
+func readOnlyDSN(path string) string {
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?mode=ro&_busy_timeout=" + strconv.Itoa(busyTimeoutMillis)
+}
+
 // openStore opens (creating if needed) the database file at path and brings
 // its schema up to date. It writes to the file only when a migration is
 // due, so it starts, and serves reads, on a full or read-only disk.
@@ -261,7 +269,7 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 // without the service's DSN, which would switch a refused file to WAL.
 func inspect(path string) (migrationDue bool, err error) {
 	ctx := context.Background()
-	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
+	db, err := sql.Open("sqlite3", readOnlyDSN(path))
 	if err != nil {
 		return false, err
 	}
