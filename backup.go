@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -249,6 +250,9 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 		return 0, fmt.Errorf("copy the backup beside %s: %w", db, err)
 	}
 	defer os.Remove(tmp)
+	if err := keepReplacedIDs(ctx, db, tmp); err != nil {
+		return 0, err
+	}
 	if pets, err = checkBackup(ctx, tmp); err != nil {
 		return 0, err
 	}
@@ -261,4 +265,37 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 		return 0, err
 	}
 	return pets, syncPath(filepath.Dir(db))
+}
+
+// keepReplacedIDs readies the copy at tmp to replace the file at db: its
+// id sequence is raised to the highest id db holds or handed out, where
+// db can be read, so no id a client was given is handed out again; and
+// its counts are made to agree with the pets it holds, so pets its own
+// counts say are missing (a copy of a file that lost them) are taken as
+// deleted: putting a file back says that it is the catalogue.
+func keepReplacedIDs(ctx context.Context, db, tmp string) error {
+	var top int64
+	if old, err := sql.Open("sqlite3", readOnlyDSN(db)); err == nil {
+		// An unreadable file (damaged, not SQLite) leaves only the copy's
+		// own sequence: restoring is what such a file needs.
+		old.QueryRowContext(ctx, topIDQuery).Scan(&top)
+		old.Close()
+	}
+	copied, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: tmp}).EscapedPath())
+	if err != nil {
+		return err
+	}
+	defer copied.Close()
+	var version int
+	if err := copied.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return fmt.Errorf("read the copy: %w", err)
+	}
+	fix := raiseSequence
+	if version >= 8 { // the schema that counts deletes
+		fix += "UPDATE pets_changes SET deleted = inserted - (SELECT count(*) FROM pets);"
+	}
+	if _, err := copied.ExecContext(ctx, fix, top); err != nil {
+		return fmt.Errorf("raise the copy's id sequence: %w", err)
+	}
+	return nil
 }

@@ -39,6 +39,7 @@ const (
 	faultReplaced // the database file was removed or replaced at its path
 	faultTampered // its -wal or -shm was removed or replaced
 	faultWentBack // the file no longer holds pets this service stored
+	faultMissing  // the file lacks pets it counted as stored, none deleted
 )
 
 // faultText is what a client and /healthz are told of each fault: the
@@ -58,6 +59,7 @@ var faultText = map[faultKind]struct{ message, code, retryAfter string }{
 	faultReplaced:     {"file replaced: the database file was deleted or replaced while the service ran; the service must be restarted", codeUnavailable, "60"},
 	faultTampered:     {"storage tampered: the database's -wal or -shm file was deleted or replaced under the running service, so no pet can be stored safely; the service must be restarted", codeStorageTampered, "60"},
 	faultWentBack:     {"catalogue went back: the database file no longer holds pets this service stored (an older copy was put under it), so new pets would reuse their ids; the service must be restarted", codeAcknowledgedPetsMissing, "60"},
+	faultMissing:      {"acknowledged pets missing: the database file lacks pets it recorded as stored, with no delete recorded; the service's log names them and the way back", codeAcknowledgedPetsMissing, "60"},
 }
 
 func (k faultKind) message() string { return faultText[k].message }
@@ -332,8 +334,9 @@ func (s *petStore) storageFault(err error) error {
 		return s.lastingFault(se, "database file is damaged: stop the service, move the file and its -wal and -shm aside, and restore the latest backup (docs/operations.md: Backups and restore)")
 	case faultIO:
 		return s.lastingFault(se, "a write or an fsync failed with an I/O error: the kernel may have dropped pages it had taken, so the service writes nothing more to the files "+
-			"(creates are refused, reads go on); check the storage (dmesg), then restart the service: SQLite recovers every acknowledged pet from the -wal, "+
-			"and the start checks the file before it takes creates")
+			"(creates are refused, reads go on); check the storage (dmesg), then restart the service: SQLite recovers from the -wal what the storage kept, "+
+			"and the start checks the file and its pets before it takes creates; if it then reports the file damaged or pets missing, "+
+			"restore from the Litestream replica or the latest backup (docs/operations.md: A disk that fails under the service)")
 	}
 	return se
 }

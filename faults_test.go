@@ -524,7 +524,7 @@ func TestThinVolumeRunsOut(t *testing.T) {
 	first := load.answers()[0].pet
 	checkReply(t, send(t, base, call{method: "GET", path: fmt.Sprintf("/v1/pets/%d", first.ID)}), 200, nil,
 		fmt.Sprintf(`{"id":%d,"name":%q,"categoryId":%d,"status":"available"}`, first.ID, first.Name, first.CategoryID))
-	checkLines(t, logs, `level=ERROR msg="a write or an fsync failed with an I/O error: [^"]*restart the service: SQLite recovers every acknowledged pet from the -wal`, 1)
+	checkLines(t, logs, `level=ERROR msg="a write or an fsync failed with an I/O error: [^"]*restart the service: SQLite recovers from the -wal what the storage kept, and the start checks the file and its pets`, 1)
 	checkLines(t, logs, `level=ERROR`, 1)
 	checkLines(t, logs, `msg="storage fault cleared"`, 0)
 	// From the I/O error on, the process writes nothing more to the

@@ -426,13 +426,14 @@ func TestCatalogueWentBack(t *testing.T) {
 	load.stop()
 	want := errBody(503, codeAcknowledgedPetsMissing, faultWentBack.message())
 	acked := map[int64]string{} // id -> the name it was acknowledged for
-	twice := 0
+	twice, top := 0, int64(8)
 	for _, c := range load.answers() {
 		switch {
 		case c.status == 201 && acked[c.pet.ID] != "":
 			twice++
 		case c.status == 201:
 			acked[c.pet.ID] = c.name
+			top = max(top, c.pet.ID)
 		case diffJSON([]byte(want), c.body) != "":
 			t.Errorf("create: %d %s", c.status, c.body)
 		}
@@ -457,9 +458,72 @@ func TestCatalogueWentBack(t *testing.T) {
 		return strings.TrimSpace(string(r.body)) == `[{"id":5,"name":"Old 5","categoryId":1,"status":"available"}]`
 	})
 
-	// A restart accepts the file as it is, and issues ids above it.
+	// The log's advice for the older file: a restart. The service had
+	// raised the file's sequence, so the restart serves the file as it
+	// is and none of 50 new creates gets an id acknowledged before.
+	waitForLog(t, logs, `msg="the file's id sequence is raised to the highest id the service acknowledged"`, 1)
 	svc.stop()
 	svc = startService(t, nil, "-db", path)
-	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}), 201, nil,
-		`{"id":6,"name":"After","categoryId":1,"status":"available"}`)
+	checkAfterRestart(t, svc.url, top)
+}
+
+// checkAfterRestart creates 50 pets and fails the test if one gets an id
+// at or below top, the highest id acknowledged before: an id handed out
+// twice.
+func checkAfterRestart(t *testing.T, base string, top int64) {
+	t.Helper()
+	load := startCreates(t, base, 4, "After restart")
+	waitFor(t, patience, "50 creates after the restart", func() bool { return load.statuses()[201] >= 50 })
+	load.stop()
+	reused := 0
+	for id := range load.acked() {
+		if id <= top {
+			reused++
+		}
+	}
+	if reused != 0 || len(load.acked()) < 50 {
+		t.Errorf("%d of %d creates after the restart got an id acknowledged before (up to %d); statuses %v", reused, len(load.acked()), top, load.statuses())
+	}
+}
+
+// TestPetsMissingFromTheFile removes pets from the file under the running
+// service with no delete counted, as SQLite's WAL-reset bug loses them
+// when an older sqlite3 checkpoints beside it: within the count check's
+// period the service says so, in one ERROR line naming the ids, in
+// /healthz and in refused creates; a get of a lost pet is 503, not 404.
+// A restart says it again. The way back the log gives, petstore restore
+// of a backup of the file, accepts the loss, and ids go on above it.
+func TestPetsMissingFromTheFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "pets.db")
+	svc := startService(t, nil, "-db", path)
+	for i := range 10 {
+		createPets(t, svc.url, fmt.Sprintf(`{"name":"Pet %d","categoryId":1}`, i+1))
+	}
+	sqlExec(t, path, "BEGIN; DELETE FROM pets WHERE id IN (3, 4, 5, 9); UPDATE pets_changes SET changed = changed - 4, deleted = deleted - 4; COMMIT")
+	want := errBody(503, codeAcknowledgedPetsMissing, faultMissing.message())
+	lost := `level=ERROR msg="acknowledged pets are missing from the database file: .*" missing_pets=4 missing_ids=3-5,9 `
+	for run := range 2 {
+		waitForLog(t, svc.log, lost, 1)
+		checkLines(t, svc.log, `level=ERROR`, 1)
+		checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 503, map[string]string{"Retry-After": "60"}, want)
+		checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":1}`}), 503, map[string]string{"Retry-After": "60"}, want)
+		checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/4"}), 503, nil, want)
+		checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets?after=7&limit=2"}), 200, nil,
+			`[{"id":8,"name":"Pet 8","categoryId":1,"status":"available"},{"id":10,"name":"Pet 10","categoryId":1,"status":"available"}]`)
+		svc.stop()
+		if run == 0 {
+			svc = startService(t, nil, "-db", path)
+		}
+	}
+	copied := filepath.Join(dir, "copy.db")
+	_, err := backupDatabase(context.Background(), path, copied)
+	must(t, err)
+	_, err = restoreDatabase(context.Background(), copied, path)
+	must(t, err)
+	svc = startService(t, nil, "-db", path)
+	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
+	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":1}`}), 201, nil,
+		`{"id":11,"name":"New","categoryId":1,"status":"available"}`)
+	checkLines(t, svc.log, `level=ERROR`, 0)
 }

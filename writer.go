@@ -171,6 +171,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			// is seen, and saved, within a second.
 			switch which := s.file.vanished(); {
 			case s.lasting.Load() != nil:
+				s.keepIDs(w)
 				s.keepInPlace(w)
 			case which != "":
 				s.saveVanished(w, which)
@@ -184,6 +185,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			case w.commits > 0:
 				s.checkpoint(w)
 			}
+			s.countCheck(w)
 		}
 	}
 }
@@ -279,7 +281,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 		// sequence row SQLite does not use), and lasts as checkWentBack's.
 		refuse(s.lastingFault(&storageError{kind: faultWentBack, err: err}, "the database file went back: an insert got an id acknowledged before, "+
 			"so creates are refused until a restart (docs/operations.md: Outside writes, restores and replicas)"))
-		s.view.known = changeCount{-1, -1} // the next look loads the view: reads serve what the file holds
+		s.view.known = changeCount{-1, -1, -1} // the next look loads the view: reads serve what the file holds
 	case len(batch) > 1:
 		// One bad request must not fail its neighbours: the transaction is
 		// rolled back, so commit each on its own and let only the culprit
@@ -346,7 +348,7 @@ var errRefusedByDatabase = errors.New("the database refused this pet")
 var probeSQL = `INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
 		VALUES ('` + strings.Repeat("p", maxNameLength) + `', 1, 'available', 'petstore-probe', x'00', x'00');
 	DELETE FROM pets WHERE id = last_insert_rowid();
-	UPDATE pets_changes SET inserted = inserted - 1, changed = changed - 1;
+	UPDATE pets_changes SET inserted = inserted - 1, changed = changed - 1, deleted = deleted - 1;
 	UPDATE sqlite_sequence SET seq = seq - 1 WHERE name = 'pets';`
 
 // probeWrite runs probeSQL in a transaction, to learn whether a pet could
@@ -422,7 +424,7 @@ func newBatchWriter(db *sql.DB) (*batchWriter, error) {
 		{&w.commitTx, "COMMIT"},
 		{&w.rollTx, "ROLLBACK"},
 		{&w.beginRead, "BEGIN DEFERRED"},
-		{&w.changes, "SELECT inserted, changed FROM pets_changes"},
+		{&w.changes, changeCountQuery},
 	} {
 		if *st.stmt, err = conn.PrepareContext(ctx, st.text); err != nil {
 			w.close()
