@@ -256,7 +256,10 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 	if pets, err = checkBackup(ctx, tmp); err != nil {
 		return 0, err
 	}
-	for _, companion := range []string{db + "-wal", db + "-shm"} {
+	// The record of what a service acknowledged on the replaced file is
+	// in the copy's sequence now (keepReplacedIDs), and the copy is the
+	// catalogue: the next start begins a new record.
+	for _, companion := range []string{db + "-wal", db + "-shm", db + ackedSuffix} {
 		if err := os.Remove(companion); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return 0, err
 		}
@@ -280,6 +283,10 @@ func keepReplacedIDs(ctx context.Context, db, tmp string) error {
 		// own sequence: restoring is what such a file needs.
 		old.QueryRowContext(ctx, topIDQuery).Scan(&top)
 		old.Close()
+	}
+	// What a service acknowledged on it, which the file may have lost.
+	if _, acked, ok := readAcked(db); ok {
+		top = max(top, acked)
 	}
 	copied, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: tmp}).EscapedPath())
 	if err != nil {

@@ -116,6 +116,9 @@ func classifyErrno(errno syscall.Errno) (faultKind, bool) {
 type dbFile struct {
 	path string
 	lock *os.File
+	// acked is the -acked file beside the database: what the service had
+	// acknowledged, written after every commit (see noteAcked).
+	acked *os.File
 	// readOnly: the file could be opened only for reading at start; it
 	// is cleared once a write has worked.
 	readOnly atomic.Bool
@@ -170,6 +173,41 @@ func openDBFile(path string) (*dbFile, error) {
 	return d, nil
 }
 
+// ackedSuffix names the file, beside the database, that records what the
+// service acknowledged: the file's insert count and the highest id, as
+// of the last commit answered 201. A file that loses its last commits
+// (storage that dropped pages it had acknowledged, an older copy put in
+// its place while the service was stopped) is consistent, and only this
+// record, outside it, shows what it lacks at the next start. It is
+// written with the kernel's page cache, not fsynced: it survives the
+// process, and it is one block rewritten in place.
+const ackedSuffix = "-acked"
+
+// openAcked opens the record for writing, once the file is known to be
+// petstore's. Where it cannot be (a read-only filesystem), nothing is
+// committed, so there is nothing to note.
+func (d *dbFile) openAcked() {
+	d.acked, _ = os.OpenFile(d.path+ackedSuffix, os.O_WRONLY|os.O_CREATE, 0o600)
+}
+
+// noteAcked records what the service acknowledged (see ackedSuffix).
+// An error is not fatal: the record only adds a check at the next start.
+func (d *dbFile) noteAcked(inserted, top int64) {
+	if d.acked != nil {
+		d.acked.WriteAt(fmt.Appendf(nil, "%020d %020d\n", inserted, top), 0)
+	}
+}
+
+// readAcked returns the record noteAcked wrote beside the database at
+// path, if there is one.
+func readAcked(path string) (inserted, top int64, ok bool) {
+	b, err := os.ReadFile(path + ackedSuffix)
+	if err == nil {
+		_, err = fmt.Sscanf(string(b), "%d %d\n", &inserted, &top)
+	}
+	return inserted, top, err == nil
+}
+
 // noteOpened records the identities of the files SQLite has opened, once
 // its connections have read: a -wal or -shm it has not created yet (a
 // read-only start) is not watched.
@@ -206,7 +244,12 @@ func (d *dbFile) vanished() string {
 }
 
 // close releases the lock: after SQLite's connections, see dbFile.
-func (d *dbFile) close() { d.lock.Close() }
+func (d *dbFile) close() {
+	if d.acked != nil {
+		d.acked.Close()
+	}
+	d.lock.Close()
+}
 
 // syncPath fsyncs a file or a directory, so what was written to it, or a
 // name added to it, is on stable storage.

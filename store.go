@@ -240,6 +240,7 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 	if err != nil {
 		return fail(err)
 	}
+	file.openAcked()
 	// _txlock=immediate: a write transaction takes the write lock when it
 	// begins, so it never has to be retried after reading.
 	if writer, err = sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate")); err != nil {
@@ -257,6 +258,12 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 		}
 	}
 	w, err := newBatchWriter(writer)
+	if f := s.lasting.Load(); err != nil && f != nil {
+		// A damaged file can fail even to prepare a statement (a schema
+		// page lost): what quick_check found is the cause to name.
+		err = fmt.Errorf("%s (then: %v); restore the Litestream replica or the latest backup (docs/operations.md: Backups and restore)",
+			strings.ReplaceAll(f.Error(), "\n", "; "), err)
+	}
 	if err != nil {
 		return fail(err)
 	}
@@ -272,6 +279,7 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 		s.load(w, "start")
 		return nil
 	})
+	s.checkAcked(w)
 	// /healthz tells the truth from its first answer, on a full disk too.
 	if s.storageDoubtful() {
 		s.probeWrite(&w)
@@ -717,6 +725,36 @@ func (s *petStore) catchUp(w *batchWriter) error {
 	return wentBack
 }
 
+// checkAcked compares, at start, the file with what the service last
+// acknowledged (ackedSuffix): a file whose insert count or highest id is
+// below the record lost commits a client was answered 201 for. That is a
+// lasting fault, reported as pets missing; the file's id sequence is
+// raised to the record's id first, so no id is handed out twice. The
+// record is not written again while the fault lasts, so every restart
+// says it again, until petstore restore puts a file back.
+func (s *petStore) checkAcked(w *batchWriter) {
+	inserted, top, ok := readAcked(s.file.path)
+	if !ok || s.view.master == nil || (s.view.known.inserted >= inserted && s.view.highWater >= top) {
+		return
+	}
+	ctx := context.Background()
+	w.inTx(ctx, func() error {
+		_, err := w.conn.ExecContext(ctx, raiseSequence, top)
+		return err
+	})
+	held := int64(0) // the highest id the file holds (its sequence is raised)
+	if ids := s.view.master.ids; len(ids) > 0 {
+		held = ids[len(ids)-1]
+	}
+	se := &storageError{kind: faultMissing, err: fmt.Errorf("the file has had %d pets inserted and holds ids up to %d, but the service had acknowledged %d inserted and ids up to %d",
+		s.view.known.inserted, held, inserted, top)}
+	s.lastingFault(se, "the database file lacks pets the service acknowledged before it stopped (its last commits were lost: storage that dropped pages, or an older copy put in its place); "+
+		"creates are refused and /healthz fails until it is repaired; the file's id sequence is raised above them. "+
+		"Stop the service, then put back a copy that holds them (the Litestream replica) with petstore restore, "+
+		"or accept their loss with petstore restore of a petstore backup of this file (docs/operations.md: Pets missing from the file)",
+		"missing_pets", inserted-s.view.known.inserted, "missing_ids", fmt.Sprintf("%d-%d", held+1, max(top, held+1)))
+}
+
 // countCheckEvery is how often the writer compares the number of rows
 // in the file with the pets the view holds (countCheck).
 const countCheckEvery = 5 * time.Second
@@ -787,6 +825,9 @@ func (s *petStore) keepIDs(w *batchWriter) {
 		s.log.Warn("the file's id sequence could not be raised; tried again in a second", "err", err.Error(), "db", s.file.path)
 		return
 	}
+	// The restart the log advises accepts the older file: the record says
+	// what it holds now, with the ids kept out of its sequence.
+	s.file.noteAcked(s.view.known.inserted, s.view.highWater)
 	s.log.Info("the file's id sequence is raised to the highest id the service acknowledged", "seq", s.view.highWater, "db", s.file.path)
 }
 

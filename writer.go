@@ -314,6 +314,9 @@ func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []wr
 		w.commits++
 	}
 	s.view.add(added)
+	if len(added) > 0 {
+		s.file.noteAcked(s.view.known.inserted, s.view.highWater)
+	}
 	for i, r := range batch {
 		r.done <- results[i]
 	}
