@@ -516,15 +516,24 @@ func TestPetsMissingFromTheFile(t *testing.T) {
 			svc = startService(t, nil, "-db", path)
 		}
 	}
-	copied := filepath.Join(dir, "copy.db")
+	acceptTheLoss(t, path, 11)
+}
+
+// acceptTheLoss takes the way back the log gives for a file that lacks
+// pets when they are not to be found elsewhere: petstore backup of the
+// file, then petstore restore of that copy. The service then starts
+// healthy, with no ERROR line, and the next pet gets id next.
+func acceptTheLoss(t *testing.T, path string, next int64) {
+	t.Helper()
+	copied := filepath.Join(t.TempDir(), "accepted.db")
 	_, err := backupDatabase(context.Background(), path, copied)
 	must(t, err)
 	_, err = restoreDatabase(context.Background(), copied, path)
 	must(t, err)
-	svc = startService(t, nil, "-db", path)
+	svc := startService(t, nil, "-db", path)
 	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
 	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":1}`}), 201, nil,
-		`{"id":11,"name":"New","categoryId":1,"status":"available"}`)
+		fmt.Sprintf(`{"id":%d,"name":"New","categoryId":1,"status":"available"}`, next))
 	checkLines(t, svc.log, `level=ERROR`, 0)
 }
 
@@ -561,14 +570,5 @@ func TestLastCommitsLost(t *testing.T) {
 		checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets/9"}), 503, nil, want)
 		svc.stop()
 	}
-	accepted := filepath.Join(dir, "accepted.db")
-	_, err = backupDatabase(context.Background(), path, accepted)
-	must(t, err)
-	_, err = restoreDatabase(context.Background(), accepted, path)
-	must(t, err)
-	svc = startService(t, nil, "-db", path)
-	checkReply(t, send(t, svc.url, call{method: "GET", path: "/healthz"}), 200, nil, `{"status":"ok"}`)
-	checkReply(t, send(t, svc.url, call{method: "POST", path: "/v1/pets", body: `{"name":"New","categoryId":1}`}), 201, nil,
-		`{"id":11,"name":"New","categoryId":1,"status":"available"}`)
-	checkLines(t, svc.log, `level=ERROR`, 0)
+	acceptTheLoss(t, path, 11)
 }
