@@ -279,9 +279,14 @@ func restoreDatabase(ctx context.Context, from, db string) (pets int64, err erro
 func keepReplacedIDs(ctx context.Context, db, tmp string) error {
 	var top int64
 	if old, err := sql.Open("sqlite3", readOnlyDSN(db)); err == nil {
-		// An unreadable file (damaged, not SQLite) leaves only the copy's
-		// own sequence: restoring is what such a file needs.
-		old.QueryRowContext(ctx, topIDQuery).Scan(&top)
+		// Each apart: a damaged file may still give one of the two. One
+		// that gives neither (not SQLite) leaves the record's, below.
+		for _, q := range []string{"SELECT coalesce(max(id), 0) FROM pets", "SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'pets'"} {
+			var id int64
+			if old.QueryRowContext(ctx, q).Scan(&id) == nil {
+				top = max(top, id)
+			}
+		}
 		old.Close()
 	}
 	// What a service acknowledged on it, which the file may have lost.

@@ -251,9 +251,15 @@ func TestRestore(t *testing.T) {
 // application's SQLite file: refused, the file byte-identical, nothing
 // created beside it (no -wal, -shm or journal).
 func TestBackupLeavesAForeignFileAlone(t *testing.T) {
+	for _, mode := range []string{"DELETE", "WAL"} {
+		t.Run(mode, func(t *testing.T) { testBackupOfForeignFile(t, mode) })
+	}
+}
+
+func testBackupOfForeignFile(t *testing.T, journalMode string) {
 	dir := t.TempDir()
 	other := filepath.Join(dir, "other.db")
-	sqlExec(t, other, "CREATE TABLE notes (text TEXT)", "INSERT INTO notes VALUES ('keep me')")
+	sqlExec(t, other, "PRAGMA journal_mode = "+journalMode, "CREATE TABLE notes (text TEXT)", "INSERT INTO notes VALUES ('keep me')")
 	before, err := os.ReadFile(other)
 	must(t, err)
 	err = run(context.Background(), []string{"petstore", "backup", "-db", other, filepath.Join(t.TempDir(), "copy.db")},

@@ -503,9 +503,10 @@ func (s *petStore) storageDoubtful() bool {
 	var st syscall.Statfs_t
 	err := syscall.Fstatfs(int(s.file.lock.Fd()), &st)
 	// ST_RDONLY on Linux, MNT_RDONLY on the BSDs and macOS; the fields'
-	// types differ between systems, hence the conversions.
+	// types differ between systems, hence the conversions (FreeBSD's
+	// Bavail is signed, below zero inside the root reserve).
 	const stRdonly = 1
-	return err != nil || st.Flags&stRdonly != 0 || uint64(st.Bavail)*uint64(st.Bsize) < minFreeBytes || s.file.readOnly.Load()
+	return err != nil || st.Flags&stRdonly != 0 || int64(st.Bavail)*int64(st.Bsize) < minFreeBytes || s.file.readOnly.Load()
 }
 
 // quickCheck runs PRAGMA quick_check before the first write, a

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -121,18 +122,15 @@ var migrations = []string{
 	// 7 -> 8: deletes are counted apart from updates, so that the rows
 	// the file should hold are known (inserted - deleted), and pets lost
 	// with no delete recorded are found (see petsMissing). Rows missing
-	// at the upgrade cannot be told apart: they count as deleted.
+	// at the upgrade cannot be told apart: they count as deleted. A row
+	// that REPLACE conflict resolution removes fires no delete trigger,
+	// and a BEFORE INSERT trigger cannot tell it from INSERT OR IGNORE,
+	// which removes none: it is not counted, so an operator's REPLACE
+	// is reported as a pet missing, never a loss hidden.
 	`ALTER TABLE pets_changes ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0;
 	UPDATE pets_changes SET deleted = inserted - (SELECT count(*) FROM pets);
 	DROP TRIGGER pets_deleted;
 	CREATE TRIGGER pets_deleted AFTER DELETE ON pets
-		BEGIN UPDATE pets_changes SET changed = changed + 1, deleted = deleted + 1; END;
-	DROP TRIGGER pets_replacing;
-	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
-		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
-			OR (NEW.idempotency_key IS NOT NULL AND NEW.idempotency_scope IS NOT NULL
-				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_scope = NEW.idempotency_scope
-					AND idempotency_key = NEW.idempotency_key))
 		BEGIN UPDATE pets_changes SET changed = changed + 1, deleted = deleted + 1; END;`,
 }
 
@@ -167,6 +165,12 @@ type petStore struct {
 	savedInPlace bool
 	faults       faultLog
 	commitStart  atomic.Int64
+
+	// The count check (countLoop): countsShort is set when the file held
+	// fewer rows than its counts; stopCount ends the loop, which closes
+	// counted.
+	countsShort        atomic.Bool
+	stopCount, counted chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -212,6 +216,16 @@ func readOnlyDSN(path string) string {
 	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?mode=ro&_busy_timeout=" + strconv.Itoa(busyTimeoutMillis)
 }
 
+// firstLookDSN is readOnlyDSN for a file not yet known to be petstore's:
+// where no -wal is beside it, immutable, so that SQLite creates no -wal
+// and -shm beside a WAL-mode file of another application either.
+func firstLookDSN(path string) string {
+	if _, err := os.Stat(path + "-wal"); errors.Is(err, os.ErrNotExist) {
+		return readOnlyDSN(path) + "&immutable=1"
+	}
+	return readOnlyDSN(path)
+}
+
 // openStore opens (creating if needed) the database file at path and brings
 // its schema up to date. It writes to the file only when a migration is
 // due, so it starts, and serves reads, on a full or read-only disk.
@@ -249,8 +263,9 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 	writer.SetMaxOpenConns(1) // never closed for idling or age: database/sql's defaults
 
 	s := &petStore{file: file, writer: writer, log: log,
-		queue:  writeQueue{writes: make(chan *writeRequest, maxBatch), loopDone: make(chan struct{})},
-		faults: faultLog{log: log, path: file.path}}
+		queue:     writeQueue{writes: make(chan *writeRequest, maxBatch), loopDone: make(chan struct{})},
+		faults:    faultLog{log: log, path: file.path},
+		stopCount: make(chan struct{}), counted: make(chan struct{})}
 	s.quickCheck()
 	if due && s.lasting.Load() == nil {
 		if err := s.migrate(); err != nil {
@@ -285,6 +300,13 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 		s.probeWrite(&w)
 	}
 	go s.writeLoop(w)
+	counter, err := sql.Open("sqlite3", readOnlyDSN(file.path))
+	if err != nil {
+		close(s.counted)
+		s.close()
+		return nil, err
+	}
+	go s.countLoop(counter)
 	return s, nil
 }
 
@@ -294,7 +316,7 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 // without the service's DSN, which would switch a refused file to WAL.
 func inspect(path string) (migrationDue bool, err error) {
 	ctx := context.Background()
-	db, err := sql.Open("sqlite3", readOnlyDSN(path))
+	db, err := sql.Open("sqlite3", firstLookDSN(path))
 	if err != nil {
 		return false, err
 	}
@@ -376,6 +398,8 @@ func (s *petStore) close() error {
 		close(s.queue.writes)
 		s.queue.mu.Unlock()
 		<-s.queue.loopDone
+		close(s.stopCount)
+		<-s.counted
 		s.view.published.Store(nil) // a closed store answers nothing
 		// After an I/O error the files are not closed through SQLite,
 		// whose last close checkpoints: the process's exit lets go, and
@@ -570,11 +594,6 @@ type view struct {
 	// ran: at start, or acknowledged since. A file whose ids no longer
 	// reach it went back (see checkWentBack).
 	highWater int64
-	// idsKept: the file's sequence was raised to highWater (keepIDs).
-	idsKept bool
-	// countedAt is when the writer last compared the file's rows with
-	// the view's (countCheck).
-	countedAt time.Time
 }
 
 // publish makes the master's current state what readers see.
@@ -755,34 +774,38 @@ func (s *petStore) checkAcked(w *batchWriter) {
 		"missing_pets", inserted-s.view.known.inserted, "missing_ids", fmt.Sprintf("%d-%d", held+1, max(top, held+1)))
 }
 
-// countCheckEvery is how often the writer compares the number of rows
-// in the file with the pets the view holds (countCheck).
+// countCheckEvery is how often countLoop compares the rows the file
+// holds with the rows its counts say it should hold.
 const countCheckEvery = 5 * time.Second
 
-// countCheck finds rows the file lost with no change it counted: SQLite
+// countQuery reads, in one snapshot, the rows the pets table holds and
+// the rows its triggers' counts say it should hold.
+const countQuery = "SELECT (SELECT count(*) FROM pets), (SELECT inserted - deleted FROM pets_changes)"
+
+// countLoop finds rows the file lost with no delete counted: SQLite
 // 3.7.0 to 3.51.2 can lose committed rows when another process
 // checkpoints beside the service (the WAL-reset bug), and the triggers'
-// counts still hold them. A count that differs from the view's loads the
-// view again, and the load finds them missing (petsMissing). count(*)
-// reads the table's pages without decoding a row: about 10 ms at
-// 1,000,000 pets (docs/performance.md), every 5 s.
-func (s *petStore) countCheck(w *batchWriter) {
-	v := &s.view
-	if v.master == nil || s.lasting.Load() != nil || time.Since(v.countedAt) < countCheckEvery {
-		return
+// counts, in another page, still hold them. count(*) reads every page of
+// the table (about 50 ms at 1,000,000 pets), so it runs on a read-only
+// connection of its own, which the writer never waits for; a shortfall
+// has the writer load the view again, and the load names the missing
+// pets (petsMissing).
+func (s *petStore) countLoop(db *sql.DB) {
+	defer close(s.counted)
+	defer db.Close()
+	tick := time.NewTicker(countCheckEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stopCount:
+			return
+		case <-tick.C:
+		}
+		var rows, expected int64
+		if db.QueryRow(countQuery).Scan(&rows, &expected) == nil && rows < expected {
+			s.countsShort.Store(true)
+		}
 	}
-	v.countedAt = time.Now()
-	ctx := context.Background()
-	s.storageFault(w.tx(ctx, w.beginRead, func() error {
-		var rows int
-		if err := w.conn.QueryRowContext(ctx, "SELECT count(*) FROM pets").Scan(&rows); err != nil {
-			return err
-		}
-		if rows != len(v.master.ids) {
-			s.load(w, "the file holds another number of pets than the view")
-		}
-		return nil
-	}))
 }
 
 // checkWentBack refuses creates, until a restart, once the file's ids no
@@ -809,11 +832,16 @@ func (s *petStore) checkWentBack(w *batchWriter) error {
 }
 
 // keepIDs raises the file's id sequence to the highest id the service
-// acknowledged, once the file went back: an insert from then on, by this
-// service after its restart or by anyone, gets an id above every one a
-// client was given. In a transaction of its own, once.
+// acknowledged whenever the file's ids fall short of it while a lasting
+// fault refuses creates (an older copy put under the service, once or
+// again, also after pets were found missing): an insert from then on,
+// by this service after its restart or by anyone, gets an id above
+// every one a client was given. It runs every second and at the stop.
 func (s *petStore) keepIDs(w *batchWriter) {
-	if f := s.lasting.Load(); f == nil || f.kind != faultWentBack || s.view.idsKept {
+	if f := s.lasting.Load(); f == nil || (f.kind != faultWentBack && f.kind != faultMissing) {
+		return
+	}
+	if top, err := w.topID(); err != nil || top >= s.view.highWater {
 		return
 	}
 	ctx := context.Background()
@@ -821,7 +849,7 @@ func (s *petStore) keepIDs(w *batchWriter) {
 		_, err := w.conn.ExecContext(ctx, raiseSequence, s.view.highWater)
 		return err
 	})
-	if s.view.idsKept = err == nil; err != nil {
+	if err != nil {
 		s.log.Warn("the file's id sequence could not be raised; tried again in a second", "err", err.Error(), "db", s.file.path)
 		return
 	}
@@ -842,13 +870,16 @@ const raiseSequence = `INSERT INTO sqlite_sequence (name, seq)
 // delete recorded (an outside SQLite older than 3.51.3 checkpointing
 // beside the service, a disk that dropped pages). It refuses creates and
 // fails /healthz until the file is repaired, and names the ids the file
-// lacks: those up to its top id not among ids (deleted ones too, where
-// pets were deleted by hand).
+// lacks: those up to its top id not among ids, ids deleted by hand
+// among them, in at most 100 ranges (more_ranges counts the rest).
 func (s *petStore) petsMissing(ids []int64, missing int64) {
 	var gaps []string // at most 100 ranges of ids, for one log line
+	more := 0
 	gap := func(from, to int64) {
 		switch {
-		case to < from || len(gaps) == 100:
+		case to < from:
+		case len(gaps) == 100:
+			more++
 		case to == from:
 			gaps = append(gaps, strconv.FormatInt(from, 10))
 		default:
@@ -865,5 +896,5 @@ func (s *petStore) petsMissing(ids []int64, missing int64) {
 	s.lastingFault(se, "acknowledged pets are missing from the database file: creates are refused and /healthz fails until it is repaired; "+
 		"stop the service, then put back a copy that holds them (the Litestream replica, or the latest petstore backup that does) with petstore restore, "+
 		"or accept their loss with petstore restore of a petstore backup of this file (docs/operations.md: Pets missing from the file)",
-		"missing_pets", missing, "missing_ids", strings.Join(gaps, ","))
+		"missing_pets", missing, "missing_ids", strings.Join(gaps, ","), "more_ranges", more)
 }

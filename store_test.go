@@ -462,6 +462,9 @@ func TestCatalogueWentBack(t *testing.T) {
 	// raised the file's sequence, so the restart serves the file as it
 	// is and none of 50 new creates gets an id acknowledged before.
 	waitForLog(t, logs, `msg="the file's id sequence is raised to the highest id the service acknowledged"`, 1)
+	// The older copy put back a second time is caught again.
+	restoreUnder(t, older, path)
+	waitForLog(t, logs, `msg="the file's id sequence is raised to the highest id the service acknowledged"`, 2)
 	svc.stop()
 	svc = startService(t, nil, "-db", path)
 	checkAfterRestart(t, svc.url, top)

@@ -146,7 +146,7 @@ func (s *petStore) writeLoop(w *batchWriter) {
 	defer close(s.queue.loopDone)
 	// A -wal laid at the path since the last look is moved aside before
 	// a stop, so the restart the log asks for does not replay it.
-	defer func() { s.keepInPlace(w); w.close() }()
+	defer func() { s.keepIDs(w); s.keepInPlace(w); w.close() }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	watch := time.NewTicker(externalWriteCheck)
@@ -185,7 +185,13 @@ func (s *petStore) writeLoop(w *batchWriter) {
 			case w.commits > 0:
 				s.checkpoint(w)
 			}
-			s.countCheck(w)
+			if s.countsShort.Swap(false) && s.lasting.Load() == nil {
+				ctx := context.Background()
+				s.storageFault(w.tx(ctx, w.beginRead, func() error {
+					s.load(w, "the file holds fewer pets than its counts say")
+					return nil
+				}))
+			}
 		}
 	}
 }
