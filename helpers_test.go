@@ -464,6 +464,10 @@ func petstoreBinary(t testing.TB) string {
 }
 
 func TestMain(m *testing.M) {
+	if kind := os.Getenv("PETSTORE_TEST_HELPER"); kind != "" {
+		runHelper(kind) // an outside program of the soak tests
+		return
+	}
 	code := m.Run()
 	if built.dir != "" {
 		os.RemoveAll(built.dir)

@@ -88,11 +88,17 @@ func waitForSyncs(t testing.TB, replica string, n int) {
 
 // startLitestream runs Litestream beside the service on db, with the
 // settings of the shipped litestream.yml and a file replica at replica,
-// and returns once its first snapshot is written.
-func startLitestream(t testing.TB, ls, db, replica string) *exec.Cmd {
+// and returns once its first snapshot is written. A meta directory, if
+// given, is where Litestream keeps its working files instead of beside
+// the database.
+func startLitestream(t testing.TB, ls, db, replica string, meta ...string) *exec.Cmd {
 	t.Helper()
 	config := filepath.Join(t.TempDir(), "litestream.yml")
-	os.WriteFile(config, fmt.Appendf(nil, "dbs:\n  - path: %s\n    truncate-page-n: 0\n    replica:\n      type: file\n      path: %s\n      sync-interval: 1s\n", db, replica), 0o600)
+	yml := fmt.Sprintf("dbs:\n  - path: %s\n    truncate-page-n: 0\n    replica:\n      type: file\n      path: %s\n      sync-interval: 1s\n", db, replica)
+	for _, dir := range meta {
+		yml += "    meta-path: " + dir + "\n"
+	}
+	os.WriteFile(config, []byte(yml), 0o600)
 	logs := &syncBuffer{}
 	cmd := exec.Command(ls, "replicate", "-config", config)
 	cmd.Stderr, cmd.Stdout = logs, logs
