@@ -203,7 +203,7 @@ func TestSoakThinVolumeControl(t *testing.T) {
 			acked := map[int64]bool{}
 			var fault string
 			lines := bufio.NewScanner(out)
-			for lines.Scan() && fault == "" {
+			for fault == "" && lines.Scan() {
 				if id, err := strconv.ParseInt(lines.Text(), 10, 64); err == nil {
 					acked[id] = true
 				} else {

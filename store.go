@@ -123,14 +123,21 @@ var migrations = []string{
 	// the file should hold are known (inserted - deleted), and pets lost
 	// with no delete recorded are found (see petsMissing). Rows missing
 	// at the upgrade cannot be told apart: they count as deleted. A row
-	// that REPLACE conflict resolution removes fires no delete trigger,
-	// and a BEFORE INSERT trigger cannot tell it from INSERT OR IGNORE,
-	// which removes none: it is not counted, so an operator's REPLACE
-	// is reported as a pet missing, never a loss hidden.
+	// that INSERT OR REPLACE removes fires no delete trigger: the BEFORE
+	// INSERT trigger counts it, as it counts the change. It cannot tell
+	// INSERT OR IGNORE, which removes nothing, and counts one delete too
+	// many for it (docs/operations.md: Pets missing from the file).
 	`ALTER TABLE pets_changes ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0;
 	UPDATE pets_changes SET deleted = inserted - (SELECT count(*) FROM pets);
 	DROP TRIGGER pets_deleted;
 	CREATE TRIGGER pets_deleted AFTER DELETE ON pets
+		BEGIN UPDATE pets_changes SET changed = changed + 1, deleted = deleted + 1; END;
+	DROP TRIGGER pets_replacing;
+	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
+		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
+			OR (NEW.idempotency_key IS NOT NULL AND NEW.idempotency_scope IS NOT NULL
+				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_scope = NEW.idempotency_scope
+					AND idempotency_key = NEW.idempotency_key))
 		BEGIN UPDATE pets_changes SET changed = changed + 1, deleted = deleted + 1; END;`,
 }
 
@@ -273,7 +280,7 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 		}
 	}
 	w, err := newBatchWriter(writer)
-	if f := s.lasting.Load(); err != nil && f != nil {
+	if f := s.lasting.Load(); err != nil && f != nil && f.kind == faultDamaged {
 		// A damaged file can fail even to prepare a statement (a schema
 		// page lost): what quick_check found is the cause to name.
 		err = fmt.Errorf("%s (then: %v); restore the Litestream replica or the latest backup (docs/operations.md: Backups and restore)",

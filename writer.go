@@ -321,7 +321,11 @@ func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []wr
 	}
 	s.view.add(added)
 	if len(added) > 0 {
+		// Before any 201. On a frozen filesystem the write waits as a
+		// commit does, and /healthz says so the same way.
+		s.commitStart.Store(time.Now().UnixNano())
 		s.file.noteAcked(s.view.known.inserted, s.view.highWater)
+		s.commitStart.Store(0)
 	}
 	for i, r := range batch {
 		r.done <- results[i]
