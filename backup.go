@@ -302,7 +302,7 @@ func keepReplacedIDs(ctx context.Context, db, tmp string) error {
 	if err := copied.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
 		return fmt.Errorf("read the copy: %w", err)
 	}
-	fix := raiseSequence
+	fix := raiseSequenceSQL
 	if version >= 8 { // the schema that counts deletes
 		fix += "UPDATE pets_changes SET deleted = inserted - (SELECT count(*) FROM pets);"
 	}

@@ -763,11 +763,7 @@ func (s *petStore) checkAcked(w *batchWriter) {
 	if !ok || s.view.master == nil || (s.view.known.inserted >= inserted && s.view.highWater >= top) {
 		return
 	}
-	ctx := context.Background()
-	w.inTx(ctx, func() error {
-		_, err := w.conn.ExecContext(ctx, raiseSequence, top)
-		return err
-	})
+	w.raiseSequence(top)
 	held := int64(0) // the highest id the file holds (its sequence is raised)
 	if ids := s.view.master.ids; len(ids) > 0 {
 		held = ids[len(ids)-1]
@@ -851,12 +847,7 @@ func (s *petStore) keepIDs(w *batchWriter) {
 	if top, err := w.topID(); err != nil || top >= s.view.highWater {
 		return
 	}
-	ctx := context.Background()
-	err := w.inTx(ctx, func() error {
-		_, err := w.conn.ExecContext(ctx, raiseSequence, s.view.highWater)
-		return err
-	})
-	if err != nil {
+	if err := w.raiseSequence(s.view.highWater); err != nil {
 		s.log.Warn("the file's id sequence could not be raised; tried again in a second", "err", err.Error(), "db", s.file.path)
 		return
 	}
@@ -866,9 +857,9 @@ func (s *petStore) keepIDs(w *batchWriter) {
 	s.log.Info("the file's id sequence is raised to the highest id the service acknowledged", "seq", s.view.highWater, "db", s.file.path)
 }
 
-// raiseSequence raises the pets table's AUTOINCREMENT sequence to at
+// raiseSequenceSQL raises the pets table's AUTOINCREMENT sequence to at
 // least ?1, through SQLite's own sqlite_sequence table.
-const raiseSequence = `INSERT INTO sqlite_sequence (name, seq)
+const raiseSequenceSQL = `INSERT INTO sqlite_sequence (name, seq)
 		SELECT 'pets', 0 WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'pets');
 	UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'pets';`
 

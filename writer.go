@@ -570,6 +570,16 @@ func (w *batchWriter) tx(ctx context.Context, begin *sql.Stmt, fn func() error) 
 	return err
 }
 
+// raiseSequence raises the file's id sequence to at least top, in a
+// transaction of its own.
+func (w *batchWriter) raiseSequence(top int64) error {
+	ctx := context.Background()
+	return w.inTx(ctx, func() error {
+		_, err := w.conn.ExecContext(ctx, raiseSequenceSQL, top)
+		return err
+	})
+}
+
 // topID is the highest id the file holds or has handed out: the next
 // insert gets a higher one.
 func (w *batchWriter) topID() (int64, error) {
