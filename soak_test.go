@@ -239,9 +239,9 @@ func TestSoakThinVolumeControl(t *testing.T) {
 
 // TestSoakOutsideCheckpointers runs, 30 rounds for each, two outside
 // checkpointers (PRAGMA wal_checkpoint(PASSIVE) back to back) beside
-// the binary under 8 creating clients: the sqlite3 shell on PATH (Debian
-// 12's is 3.40.1, inside SQLite's WAL-reset bug) and go-sqlite3's SQLite
-// (3.54.1, outside it). A round that loses acknowledged pets must be
+// the binary under 8 creating clients, 10,000 creates a round: the
+// sqlite3 shell on PATH (Debian 12's is 3.40.1, inside SQLite's
+// WAL-reset bug) and go-sqlite3's SQLite (3.54.1, outside it). A round that loses acknowledged pets must be
 // reported by the running service (its ERROR line, /healthz) before the
 // kill, and again at the restart; with go-sqlite3's, no round may lose
 // one.
@@ -277,7 +277,7 @@ func TestSoakOutsideCheckpointers(t *testing.T) {
 				must(t, c.Start())
 				checkpointers = append(checkpointers, c)
 			}
-			waitFor(t, patience, "2,000 creates", func() bool { return load.statuses()[201] >= 2000 })
+			waitFor(t, patience, "10,000 creates", func() bool { return load.statuses()[201] >= 10000 })
 			for _, c := range checkpointers {
 				syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
 				c.Wait()
