@@ -277,7 +277,15 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	var se *storageError
 	switch {
 	case errors.As(s.storageFault(err), &se) && se.kind < faultIO:
-		s.faults.failed(se.kind, err, len(batch))
+		// A create given up at its deadline was answered "timed out", not
+		// refused by this fault.
+		refused := 0
+		for _, r := range batch {
+			if r.state.Load() != requestAbandoned {
+				refused++
+			}
+		}
+		s.faults.failed(se.kind, err, refused)
 		refuse(se)
 	case se != nil:
 		refuse(se)
