@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -293,7 +292,7 @@ func keepReplacedIDs(ctx context.Context, db, tmp string) error {
 	if _, acked, ok := readAcked(db); ok {
 		top = max(top, acked)
 	}
-	copied, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: tmp}).EscapedPath())
+	copied, err := sql.Open("sqlite3", fileURI(tmp))
 	if err != nil {
 		return err
 	}

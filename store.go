@@ -210,9 +210,13 @@ func sqliteDSN(path string, extra ...string) string {
 		"_mutex=no",
 	}
 	params = append(params, extra...)
-	// The "file:" form lets SQLite read the path as a URI, so the path is
-	// escaped: a '?' or '#' in a file name must not start the options.
-	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + strings.Join(params, "&")
+	return fileURI(path) + "?" + strings.Join(params, "&")
+}
+
+// fileURI is path in the "file:" form that lets SQLite read it as a URI,
+// escaped: a '?' or '#' in a file name must not start the options.
+func fileURI(path string) string {
+	return "file:" + (&url.URL{Path: path}).EscapedPath()
 }
 
 // readOnlyDSN opens path for reading only, with SQLite's defaults (not
@@ -220,7 +224,7 @@ func sqliteDSN(path string, extra ...string) string {
 // and create a -wal and -shm beside it), waiting out a lock as the
 // service does.
 func readOnlyDSN(path string) string {
-	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?mode=ro&_busy_timeout=" + strconv.Itoa(busyTimeoutMillis)
+	return fileURI(path) + "?mode=ro&_busy_timeout=" + strconv.Itoa(busyTimeoutMillis)
 }
 
 // firstLookDSN is readOnlyDSN for a file not yet known to be petstore's:
