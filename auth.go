@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -195,14 +196,16 @@ func bearerToken(r *http.Request) (token, malformed string) {
 
 // requireAPIKey lets a request through to next only with a valid bearer
 // key. Any other request is answered at once, without waiting for its
-// body, and its connection is closed (Go's server would otherwise read up
-// to 256 KiB of an unread body first): 401 with a WWW-Authenticate
+// body, and an HTTP/1.1 connection is closed (Go's server would otherwise
+// read up to 256 KiB of an unread body first; an HTTP/2 connection
+// carries other requests): 401 with a WWW-Authenticate
 // challenge (RFC 6750), or 429 once its address has failed too often.
 // The key is checked first, so a valid key is served whatever else came
 // from its address. Neither the key nor the header is ever logged or
-// echoed: the request's info (see logRequests) gets only the digest of a
-// well-formed key, valid or not, so the log can tell keys apart and an
-// Idempotency-Key is scoped to its key.
+// echoed: the access log (see logRequests) gets only the digest of a
+// well-formed key, valid or not, to tell keys apart, and the handlers get
+// the valid key's digest in the request's context (see apiKeyOf), to
+// scope an Idempotency-Key to its key.
 func requireAPIKey(keys *keyRing, guard *authGuard, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, malformed := bearerToken(r)
@@ -216,13 +219,15 @@ func requireAPIKey(keys *keyRing, guard *authGuard, next http.Handler) http.Hand
 			info, _ := infoOf(r.Context())
 			info.key, info.hasKey = d, true
 			if keys.acceptsDigest(d) {
-				next.ServeHTTP(w, r)
+				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), apiKeyKey{}, d)))
 				return
 			}
 			why, msg, challenge = "invalid", "invalid API key", `Bearer realm="petstore", error="invalid_token"`
 		}
 		h := w.Header()
-		h.Set("Connection", "close")
+		if r.ProtoMajor == 1 {
+			h["Connection"] = connectionClose
+		}
 		if wait := guard.failed(clientAddr(r), why, time.Now()); wait > 0 {
 			secs := int(math.Ceil(wait.Seconds()))
 			h.Set("Retry-After", strconv.Itoa(secs))
@@ -233,6 +238,16 @@ func requireAPIKey(keys *keyRing, guard *authGuard, next http.Handler) http.Hand
 		h.Set("WWW-Authenticate", challenge)
 		writeError(w, http.StatusUnauthorized, codeUnauthorized, msg)
 	})
+}
+
+// apiKeyKey holds, in a request's context, the digest of the valid key
+// it came with: what a handler knows of its caller (see apiKeyOf).
+type apiKeyKey struct{}
+
+// apiKeyOf is the digest of the key a request was let through with.
+func apiKeyOf(ctx context.Context) (keyDigest, bool) {
+	d, ok := ctx.Value(apiKeyKey{}).(keyDigest)
+	return d, ok
 }
 
 // runKeygen is "petstore keygen": a new key for the client, and the line

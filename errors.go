@@ -43,6 +43,25 @@ const (
 	codeAcknowledgedPetsMissing = "acknowledged_pets_missing"
 )
 
+// faultAnswers is how a client is told of each storage fault, beside
+// its message (faultMessages): the Error body's code and the Retry-After
+// in seconds. A lock passes quickly; a lasting fault waits for an
+// operator, and has a code of its own, so a client that retries blindly
+// on "unavailable" learns that waiting alone will not end it.
+var faultAnswers = map[faultKind]struct{ code, retryAfter string }{
+	faultDiskFull:     {codeUnavailable, "5"},
+	faultReadOnly:     {codeUnavailable, "5"},
+	faultLocked:       {codeUnavailable, "1"},
+	faultNotAnswering: {codeUnavailable, "1"},
+	faultTimedOut:     {codeUnavailable, "1"},
+	faultIO:           {codeStorageFailed, "60"},
+	faultDamaged:      {codeStorageDamaged, "60"},
+	faultReplaced:     {codeUnavailable, "60"},
+	faultTampered:     {codeStorageTampered, "60"},
+	faultWentBack:     {codeAcknowledgedPetsMissing, "60"},
+	faultMissing:      {codeAcknowledgedPetsMissing, "60"},
+}
+
 // apiError is the Error body of the specification.
 type apiError struct {
 	Code    string `json:"code"`
@@ -66,9 +85,9 @@ func writeStoreError(w http.ResponseWriter, r *http.Request, log *slog.Logger, e
 	var fault *storageError
 	switch {
 	case errors.As(err, &fault):
-		t := faultText[fault.kind]
-		w.Header().Set("Retry-After", t.retryAfter)
-		writeError(w, http.StatusServiceUnavailable, t.code, t.message)
+		answer := faultAnswers[fault.kind]
+		w.Header().Set("Retry-After", answer.retryAfter)
+		writeError(w, http.StatusServiceUnavailable, answer.code, fault.kind.message())
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
 		// The client went away; there is no one to answer and nothing wrong.
 		log.DebugContext(r.Context(), "request cancelled by the client", "method", r.Method, "path", r.URL.Path)

@@ -42,27 +42,23 @@ const (
 	faultMissing  // the file lacks pets it counted as stored, none deleted
 )
 
-// faultText is what a client and /healthz are told of each fault: the
-// message, which starts with the short name of the failing check, the
-// Error body's code, and the Retry-After in seconds. A lock passes
-// quickly; a lasting fault waits for an operator, and has a code of its
-// own, so a client that retries blindly on "unavailable" learns that
-// waiting alone will not end it.
-var faultText = map[faultKind]struct{ message, code, retryAfter string }{
-	faultDiskFull:     {"disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed", codeUnavailable, "5"},
-	faultReadOnly:     {"read-only: the database file or its filesystem cannot be written", codeUnavailable, "5"},
-	faultLocked:       {"database locked: another process holds the database's write lock", codeUnavailable, "1"},
-	faultNotAnswering: {"database not answering", codeUnavailable, "1"},
-	faultTimedOut:     {"timed out: the pet could not be committed before the write timeout, so it was not stored", codeUnavailable, "1"},
-	faultIO:           {"I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted", codeStorageFailed, "60"},
-	faultDamaged:      {"damaged: the database file is corrupt and must be restored from a backup", codeStorageDamaged, "60"},
-	faultReplaced:     {"file replaced: the database file was deleted or replaced while the service ran; the service must be restarted", codeUnavailable, "60"},
-	faultTampered:     {"storage tampered: the database's -wal or -shm file was deleted or replaced under the running service, so no pet can be stored safely; the service must be restarted", codeStorageTampered, "60"},
-	faultWentBack:     {"catalogue went back: the database file no longer holds pets this service stored (an older copy was put under it), so new pets would reuse their ids; the service must be restarted", codeAcknowledgedPetsMissing, "60"},
-	faultMissing:      {"acknowledged pets missing: the database file lacks pets it recorded as stored, with no delete recorded; the service's log names them and the way back", codeAcknowledgedPetsMissing, "60"},
+// faultMessages say what each fault is, starting with the short name of
+// the failing check: the log, /healthz and a refused client read them.
+var faultMessages = map[faultKind]string{
+	faultDiskFull:     "disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed",
+	faultReadOnly:     "read-only: the database file or its filesystem cannot be written",
+	faultLocked:       "database locked: another process holds the database's write lock",
+	faultNotAnswering: "database not answering",
+	faultTimedOut:     "timed out: the pet could not be committed before the write timeout, so it was not stored",
+	faultIO:           "I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted",
+	faultDamaged:      "damaged: the database file is corrupt and must be restored from a backup",
+	faultReplaced:     "file replaced: the database file was deleted or replaced while the service ran; the service must be restarted",
+	faultTampered:     "storage tampered: the database's -wal or -shm file was deleted or replaced under the running service, so no pet can be stored safely; the service must be restarted",
+	faultWentBack:     "catalogue went back: the database file no longer holds pets this service stored (an older copy was put under it), so new pets would reuse their ids; the service must be restarted",
+	faultMissing:      "acknowledged pets missing: the database file lacks pets it recorded as stored, with no delete recorded; the service's log names them and the way back",
 }
 
-func (k faultKind) message() string { return faultText[k].message }
+func (k faultKind) message() string { return faultMessages[k] }
 
 // storageError is a store failure with a known cause outside the service.
 // Handlers answer it with 503 and Retry-After; it is logged once per

@@ -7,7 +7,6 @@ package main
 
 import (
 	"container/list"
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -26,8 +25,9 @@ import (
 // defaultMaxConns is the default cap on connections being served:
 // 2,048, which a small machine holds (one costs about 20 KB, 47 KB with
 // TLS: some 40 and 95 MiB, twice that at the garbage collector's peak),
-// or the descriptors to spare, if fewer.
-func defaultMaxConns() int { return max(1, min(2048, spareDescriptors())) }
+// or half the descriptors to spare, if fewer: the other half park new
+// connections, so that an idle one can be closed for a newcomer.
+func defaultMaxConns() int { return max(1, min(2048, spareDescriptors()/2)) }
 
 // spareDescriptors is the process's descriptor limit less room for the
 // database's connection (three files), the listener and the rest.
@@ -39,6 +39,22 @@ func spareDescriptors() int {
 	return int(min(lim.Cur, 1<<20)) - 32 - 3
 }
 
+// maxStreams bounds the requests in progress on one HTTP/2 connection, so
+// that the cap on connections also bounds the requests in progress and
+// the memory they hold (Go's default, 250, let 4 connections carry 1,000
+// creates at once). A client with more to send waits for a stream, or
+// opens another connection, which waits its turn like any other.
+const maxStreams = 16
+
+// http2Config keeps what one HTTP/2 connection may hold near what an
+// HTTP/1.1 connection holds: a few requests, each buffering at most a
+// create's largest body ahead of its handler.
+var http2Config = &http.HTTP2Config{
+	MaxConcurrentStreams:          maxStreams,
+	MaxReceiveBufferPerStream:     64 << 10,
+	MaxReceiveBufferPerConnection: maxStreams * 64 << 10,
+}
+
 // limitListener caps the connections being served at max, so the
 // process never runs out of descriptors or memory, and lets no few
 // addresses crowd out the rest. It takes every connection from the
@@ -46,32 +62,44 @@ func spareDescriptors() int {
 // then drops a new client's SYN, which is sent again only a second
 // later), and parks those beyond the cap, with no goroutine or buffer,
 // until their turn. Turns go round the client addresses: a client from
-// its own address is served next, however many wait from others.
+// its own address is served next, however many wait from others, and
+// only a connection whose client has sent something (a request, a TLS
+// hello) takes another's place: a real client sends with its
+// connection; one that sends nothing is served only into a free slot.
+//
+// At the cap, a served connection is closed to give a parked one its
+// turn, but only one with no request in progress, by net/http's own
+// connection states, and never one in its first moments (see victim): an
+// HTTP/2 connection carrying many requests is one connection, in
+// progress while any of them is.
 //
 // At most maxParked wait (the descriptors the served leave, up to
-// 32,768). When that many do, a newcomer takes the place of its own
-// address's oldest parked connection, or, from an address with none, of
-// the oldest of all. With no descriptor to spare, new connections wait in
-// the listen queue for a slot instead. At the cap a served connection is
-// closed to give a parked one its turn (see victim); one whose request is
-// being served never is. At most one WARN line a minute says the cap is
-// full, with how many were closed or gave their place.
+// 32,768). When that many do, and the oldest has waited silentAfter, a
+// newcomer takes the place of its own address's oldest parked
+// connection, or, from an address with none, of the oldest of all. At
+// most one WARN line a minute says the cap is full, with how many were
+// closed or gave their place.
 type limitListener struct {
 	net.Listener
 	max, maxParked int
-	log            *slog.Logger
-	turn           chan struct{} // wakes Accept
-	closed         chan struct{}
-	closeOnce      sync.Once
+	// firstRequestWithin is how long a connection that has sent something
+	// may take to begin its first request (a TLS handshake over a slow
+	// link, say) before it can be closed for room: the read-header
+	// timeout, which would end it anyway.
+	firstRequestWithin time.Duration
+	log                *slog.Logger
+	turn               chan struct{} // wakes Accept
+	closed             chan struct{}
+	closeOnce          sync.Once
 
 	mu        sync.Mutex
 	open      int                       // connections being served
 	parked    list.List                 // waiting for a turn, oldest first
 	byAddress map[string]*parkedAddress // the same, by client address
 	turns     list.List                 // addresses with parked connections, next first
-	waiting   list.List                 // served, request not read yet, oldest first
+	fresh     list.List                 // served, no request yet, oldest first
+	starting  list.List                 // the same, once they have sent something
 	idle      list.List                 // idle between requests, longest first
-	answered  list.List                 // answered with Connection: close, oldest first
 	fullLines *logLimiter               // the WARN line, once a minute
 }
 
@@ -82,8 +110,9 @@ type parkedAddress struct {
 	turn    *list.Element // its place in turns
 }
 
-func newLimitListener(ln net.Listener, maxConns int, log *slog.Logger) *limitListener {
-	l := &limitListener{Listener: ln, max: maxConns, maxParked: max(0, min(32768, spareDescriptors()-maxConns)), log: log,
+func newLimitListener(ln net.Listener, maxConns int, firstRequestWithin time.Duration, log *slog.Logger) *limitListener {
+	l := &limitListener{Listener: ln, max: maxConns, maxParked: max(0, min(32768, spareDescriptors()-maxConns)),
+		firstRequestWithin: firstRequestWithin, log: log,
 		byAddress: map[string]*parkedAddress{}, fullLines: newLogLimiter(time.Minute, 1, 0),
 		turn: make(chan struct{}, 1), closed: make(chan struct{})}
 	go l.acceptLoop()
@@ -94,11 +123,14 @@ func newLimitListener(ln net.Listener, maxConns int, log *slog.Logger) *limitLis
 func (l *limitListener) acceptLoop() {
 	failures := newLogLimiter(time.Minute, 1, 0)
 	for {
+		// With the parking full, a newcomer takes a parked connection's
+		// place (see park), but only once the oldest has waited
+		// silentAfter: until then, the parked are being served in turn.
 		l.mu.Lock()
-		full := l.parked.Len() > l.maxParked
+		full := l.parked.Len() >= max(1, l.maxParked) && time.Since(l.parked.Front().Value.(*limitedConn).since) <= silentAfter
 		l.mu.Unlock()
 		if full {
-			time.Sleep(lingerFor) // for a slot, with no descriptor to park on
+			time.Sleep(recheckEvery) // for a slot, with no descriptor to park on
 			continue
 		}
 		c, err := l.Listener.Accept()
@@ -110,7 +142,7 @@ func (l *limitListener) acceptLoop() {
 			if ok, held, _ := failures.allow("", time.Now()); ok {
 				l.log.Warn("accepting a connection failed", "err", err.Error(), "since_last_line", held)
 			}
-			time.Sleep(lingerFor)
+			time.Sleep(recheckEvery)
 			continue
 		}
 		l.park(&limitedConn{Conn: c, l: l})
@@ -125,7 +157,7 @@ func (l *limitListener) park(c *limitedConn) {
 	// The one shed goes first: were it its address's last, the address
 	// leaves the round, and c must then bring it back.
 	var shed *list.Element
-	if l.parked.Len() >= l.maxParked {
+	if l.parked.Len() >= max(1, l.maxParked) {
 		if a := l.byAddress[c.address]; a != nil {
 			shed = a.conns.Front()
 		}
@@ -143,6 +175,7 @@ func (l *limitListener) park(c *limitedConn) {
 		a.turn = l.turns.PushBack(a)
 		l.byAddress[c.address] = a
 	}
+	c.since = time.Now()
 	c.moveTo(&l.parked)
 	c.parkedAt = a.conns.PushBack(c)
 	l.mu.Unlock()
@@ -152,10 +185,9 @@ func (l *limitListener) park(c *limitedConn) {
 	}
 }
 
-// nextTurn takes the oldest parked connection of the address whose turn
-// it is, and puts the address at the back of the round. l.mu is held.
-func (l *limitListener) nextTurn() *limitedConn {
-	a := l.turns.Front().Value.(*parkedAddress)
+// nextTurn takes the oldest parked connection of the address a, and
+// puts the address at the back of the round. l.mu is held.
+func (l *limitListener) nextTurn(a *parkedAddress) *limitedConn {
 	c := a.conns.Front().Value.(*limitedConn)
 	c.unpark()
 	if a.conns.Len() > 0 {
@@ -164,23 +196,52 @@ func (l *limitListener) nextTurn() *limitedConn {
 	return c
 }
 
-// Accept hands the http.Server the parked connection whose turn it is,
-// once a slot is free or made free.
+// readyAddress is the first address in the round whose oldest parked
+// connection has sent something (a request, a TLS hello), of the first
+// maxPeeks looked at, or nil; those passed over go to the back of the
+// round. A real client sends with its connection: only such a one is
+// worth closing another for. l.mu is held.
+func (l *limitListener) readyAddress() *parkedAddress {
+	for range min(maxPeeks, l.turns.Len()) {
+		a := l.turns.Front().Value.(*parkedAddress)
+		if a.conns.Front().Value.(*limitedConn).sentSomething() {
+			return a
+		}
+		l.turns.MoveToBack(a.turn)
+	}
+	return nil
+}
+
+// maxPeeks bounds the parked connections looked at for one turn.
+const maxPeeks = 32
+
+// Accept hands the http.Server a parked connection in its turn: the
+// next one that has sent something, once a slot is free or made free,
+// or, while a slot is free, the next of all.
 func (l *limitListener) Accept() (net.Conn, error) {
 	for {
 		l.mu.Lock()
 		var c, victim *limitedConn
 		var aging <-chan time.Time // while parked ones wait for a victim
-		if l.parked.Len() > 0 && l.open < l.max {
-			c = l.nextTurn()
-			l.open++
-			c.moveTo(&l.waiting)
-		} else if l.parked.Len() > 0 {
-			if victim = l.victim(); victim != nil {
+		if l.parked.Len() > 0 {
+			ready := l.readyAddress()
+			switch {
+			case l.open < l.max && ready == nil:
+				c = l.nextTurn(l.turns.Front().Value.(*parkedAddress))
+			case l.open < l.max:
+				c = l.nextTurn(ready)
+			case ready != nil:
+				victim = l.victim()
+			}
+			if c != nil {
+				l.open++
+				c.since = time.Now()
+				c.moveTo(&l.fresh)
+			} else if victim != nil {
 				l.evict(victim)
 				l.noteClosedForRoom()
 			} else {
-				aging = time.After(lingerFor)
+				aging = time.After(recheckEvery)
 			}
 		}
 		l.mu.Unlock()
@@ -191,8 +252,8 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			victim.Conn.Close()
 			continue
 		}
-		// A turn comes when a connection is parked, closes or goes idle,
-		// or when one has waited or lingered long enough to be closed.
+		// A turn comes when a connection is parked or closes, or when one
+		// has sent something or waited long enough to be closed.
 		select {
 		case <-l.turn:
 		case <-aging:
@@ -203,37 +264,41 @@ func (l *limitListener) Accept() (net.Conn, error) {
 }
 
 // victim is the served connection to close for a parked one's turn, nil
-// when there is none to close: one answered with Connection: close after
-// lingerFor, then one whose request has not come after silentAfter
-// (silent, or slow to send it), the oldest first, then the one idle
-// longest between requests. A client whose request follows its
-// connection is never closed, nor one whose request is being served.
-// l.mu is held.
+// when there is none to close. None with a request in progress is ever
+// chosen, nor one in its first moments, before its first request could
+// have come. In order: one that has sent nothing silentAfter after it was
+// handed to the server (a real client sends its request, or its TLS
+// hello, with the connection), the oldest first; one that sent something
+// but began no request within firstRequestWithin; then the one idle
+// longest between requests, once idle for silentAfter. l.mu is held.
 func (l *limitListener) victim() *limitedConn {
-	// One answered with Connection: close lingers while Go's server reads
-	// the rest of its body, so that the close does not reset the answer
-	// away; after lingerFor it is done.
-	if e := l.answered.Front(); e != nil && time.Since(e.Value.(*limitedConn).since) > lingerFor {
+	now := time.Now()
+	for e := l.fresh.Front(); e != nil && now.Sub(e.Value.(*limitedConn).since) > silentAfter; e = l.fresh.Front() {
+		c := e.Value.(*limitedConn)
+		if !c.heard.Load() {
+			return c
+		}
+		c.moveTo(&l.starting) // a slow handshake, say: it has longer
+	}
+	if e := l.starting.Front(); e != nil && now.Sub(e.Value.(*limitedConn).since) > l.firstRequestWithin {
 		return e.Value.(*limitedConn)
 	}
-	if e := l.waiting.Front(); e != nil && time.Since(e.Value.(*limitedConn).since) > silentAfter {
-		return e.Value.(*limitedConn)
-	}
-	if e := l.idle.Front(); e != nil {
+	if e := l.idle.Front(); e != nil && now.Sub(e.Value.(*limitedConn).since) > silentAfter {
 		return e.Value.(*limitedConn)
 	}
 	return nil
 }
 
-// silentAfter is how long a new connection may take to send its request
-// before it can be closed for a turn: a real client's request follows
-// its connection within a round trip.
-const silentAfter = time.Second
+// silentAfter is how long a new connection may stay silent before it can
+// be closed for a turn (a real client's first bytes come with its
+// connection, a round trip after its SYN, and those are counted from the
+// service's accept), and how long one stays idle before it can be: its
+// last answer, on its way to a distant client, is not reset by a close.
+const silentAfter = 500 * time.Millisecond
 
-// lingerFor is how long a connection answered with Connection: close is
-// left for its client to read the answer before it may be closed for a
-// turn.
-const lingerFor = 50 * time.Millisecond
+// recheckEvery is how often the listener looks again for a victim while
+// connections wait for a turn, and for a descriptor when it has none.
+const recheckEvery = 50 * time.Millisecond
 
 // noteClosedForRoom says that a connection was closed for room, at most
 // once a minute, counting those closed since the last line.
@@ -252,32 +317,31 @@ func (l *limitListener) signal() {
 	}
 }
 
-// connState is the http.Server's ConnState hook: a connection that has
-// answered its request is idle until the next one begins.
+// connState is the http.Server's ConnState hook, which says when a
+// connection has a request in progress (Active) and when none (Idle).
+// HTTP/2 reports a new connection Active and then Idle once its preface
+// is read, before any request: it is still in its first moments.
 func (l *limitListener) connState(c net.Conn, state http.ConnState) {
 	lc, ok := limitedOf(c)
 	if !ok {
 		return
 	}
+	tc, isTLS := c.(*tls.Conn)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case lc.closed:
-	case state == http.StateIdle:
+	case state == http.StateActive:
+		lc.moveTo(nil) // in progress: never closed for room
+	case state != http.StateIdle:
+	case !lc.prefaced && isTLS && tc.ConnectionState().NegotiatedProtocol == "h2":
+		lc.prefaced = true
+		lc.since = time.Now()
+		lc.moveTo(&l.starting)
+	default:
+		lc.since = time.Now()
 		lc.moveTo(&l.idle)
-		l.signal()
-	case state == http.StateActive && lc.in == &l.idle:
-		lc.moveTo(&l.waiting) // a new request begins: not served yet
 	}
-}
-
-// connKey holds a request's connection in its context (see serving).
-type connKey struct{}
-
-// connContext is the http.Server's ConnContext hook.
-func connContext(ctx context.Context, c net.Conn) context.Context {
-	lc, _ := limitedOf(c)
-	return context.WithValue(ctx, connKey{}, lc)
 }
 
 // limitedOf is the limitedConn under c, a TLS connection's included.
@@ -289,62 +353,18 @@ func limitedOf(c net.Conn) (*limitedConn, bool) {
 	return lc, ok
 }
 
-// serving marks a request's connection as being served once its request
-// has reached the handlers, so it is not closed to make room.
-func (l *limitListener) serving(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lc, _ := r.Context().Value(connKey{}).(*limitedConn)
-		// A chunked body is refused once read off (see refuseChunked),
-		// which can take the read timeout: meanwhile its connection may be
-		// closed for room, as one already answered.
-		var to *list.List // being served
-		if len(r.TransferEncoding) > 0 {
-			to = &l.answered
-		}
-		l.moveOpen(lc, to)
-		// Go's server reads off a body the handler left before it sends
-		// the answer, until the read timeout for a slow one, unless the
-		// connection is to close (see requireAPIKey); only a create reads
-		// its body.
-		if r.ContentLength != 0 && (r.Method != http.MethodPost || r.URL.Path != "/v1/pets") {
-			w.Header().Set("Connection", "close")
-		}
-		next.ServeHTTP(w, r)
-		if lc != nil && w.Header().Get("Connection") == "close" {
-			http.NewResponseController(w).Flush()
-			l.moveOpen(lc, &l.answered)
-		}
-	})
-}
-
-// moveOpen moves c, if it is a limitedConn still open, to the list to.
-func (l *limitListener) moveOpen(c *limitedConn, to *list.List) {
-	if c == nil {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !c.closed {
-		c.moveTo(to)
-	}
-}
-
-// Close closes the listener, the parked connections, whose clients would
-// otherwise wait for the process to end, and those already answered with
-// Connection: close, which a graceful stop would otherwise wait for while
-// Go's server reads the rest of a slow body.
+// Close closes the listener and the parked connections, whose clients
+// would otherwise wait for the process to end.
 func (l *limitListener) Close() error {
 	l.closeOnce.Do(func() { close(l.closed) })
 	err := l.Listener.Close()
 	l.mu.Lock()
-	var done []*limitedConn
-	for _, conns := range []*list.List{&l.parked, &l.answered} {
-		for e := conns.Front(); e != nil; e = e.Next() {
-			done = append(done, e.Value.(*limitedConn))
-		}
+	var parked []*limitedConn
+	for e := l.parked.Front(); e != nil; e = e.Next() {
+		parked = append(parked, e.Value.(*limitedConn))
 	}
 	l.mu.Unlock()
-	for _, c := range done {
+	for _, c := range parked {
 		c.Close()
 	}
 	return err
@@ -354,14 +374,55 @@ func (l *limitListener) Close() error {
 type limitedConn struct {
 	net.Conn
 	l     *limitListener
-	since time.Time // when it was last put in a list
-	// Guarded by l.mu: the list it is in (nil while served), its element
-	// there, and whether it was closed.
+	heard atomic.Bool // the client has sent something
+	// Guarded by l.mu: the list it is in (nil while in progress), its
+	// element there, whether it was closed, when it was parked, handed to
+	// the server or went idle, and whether its HTTP/2 preface was read.
 	in       *list.List
 	elem     *list.Element
 	closed   bool
+	since    time.Time
+	prefaced bool
 	address  string        // the client's, without the port
 	parkedAt *list.Element // its place in its address's queue, while parked
+}
+
+func (c *limitedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.heard.Load() {
+		c.heard.Store(true)
+	}
+	return n, err
+}
+
+// sentSomething tells, without reading it, whether the client has sent
+// anything on c (or closed it): a peek at the socket, which never waits.
+func (c *limitedConn) sentSomething() bool {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	sent := true
+	raw.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		sent = err != syscall.EAGAIN && err != syscall.EWOULDBLOCK
+		return true // done: do not wait for it to become readable
+	})
+	return sent
+}
+
+// CloseWrite lets Go's server half-close a connection it answered with
+// Connection: close, so that its client reads the answer before the close.
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }
 
 // unpark takes a parked c out of its address's queue, and the address
@@ -385,7 +446,7 @@ func (c *limitedConn) moveTo(to *list.List) {
 	}
 	c.in, c.elem = to, nil
 	if to != nil {
-		c.elem, c.since = to.PushBack(c), time.Now()
+		c.elem = to.PushBack(c)
 	}
 }
 

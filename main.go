@@ -82,7 +82,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, name := range cfg.unknownVariables {
 		log.Warn("environment variable not read by petstore: it has no effect"+meantVariable(name, cfg.variables), "name", name)
 	}
-	svc, err := newService(cfg, getenv, log, logOut)
+	var terminal io.Writer // nil: the log is not read by a person at a terminal
+	if f, ok := stderr.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			terminal = logOut // in line with the log's own lines
+		}
+	}
+	svc, err := newService(cfg, getenv, log, terminal)
 	if err != nil {
 		return err
 	}
@@ -127,15 +133,21 @@ type service struct {
 // store, in an order that makes the common mistakes fail at once: a bad
 // key or certificate before anything else, a busy port before the
 // database is opened.
-func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr io.Writer) (*service, error) {
+func newService(cfg config, getenv func(string) string, log *slog.Logger, terminal io.Writer) (*service, error) {
 	s := &service{cfg: cfg, log: log, keySrc: keySource{list: getenv("PETSTORE_API_KEYS"), file: cfg.apiKeysFile}}
 	digests, err := s.keySrc.load()
 	if err != nil {
 		return nil, err
 	}
 	if len(digests) == 0 {
+		// A key made up for this run, shown only to a person at a
+		// terminal: a log kept by journald or in a file would keep it.
 		key := generateAPIKey()
-		fmt.Fprintf(stderr, "WARNING: no API key configured (PETSTORE_API_KEYS); using this generated key, which changes on every start:\n\n    %s\n\n", key)
+		if terminal != nil {
+			fmt.Fprintf(terminal, "WARNING: no API key configured (PETSTORE_API_KEYS); using this generated key, which changes on every start:\n\n    %s\n\n", key)
+		} else {
+			log.Warn("no API key configured (PETSTORE_API_KEYS, -api-keys-file): every request under /v1 is refused until one is; a key generated for this run is shown only at a terminal (petstore keygen makes one to configure)")
+		}
 		digests = []keyDigest{digestOf(key)}
 	}
 	s.keys = newKeyRing(digests)
@@ -154,15 +166,15 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
-	s.ln = newLimitListener(tcpLn, cfg.maxConns, log)
+	s.ln = newLimitListener(tcpLn, cfg.maxConns, cfg.readHeaderTimeout, log)
 	if s.store, err = openStore(cfg.db, log); err != nil {
 		s.ln.Close()
 		return nil, err
 	}
 	s.api = &server{store: s.store, keys: s.keys, log: log, corsOrigins: cfg.corsOrigins,
-		createWithin: createDeadline(cfg.writeTimeout), guard: newAuthGuard(log)}
+		createWithin: createDeadline(cfg.writeTimeout), readTimeout: cfg.readTimeout, guard: newAuthGuard(log)}
 	s.srv = &http.Server{
-		Handler:           s.ln.serving(newHandler(s.api)),
+		Handler:           newHandler(s.api),
 		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,
@@ -171,7 +183,7 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, stderr
 		MaxHeaderBytes:    cfg.maxHeaderBytes,
 		ErrorLog:          newServerErrors(log),
 		ConnState:         s.ln.connState,
-		ConnContext:       connContext,
+		HTTP2:             http2Config,
 	}
 	return s, nil
 }

@@ -76,6 +76,33 @@ func TestRunGeneratesKey(t *testing.T) {
 	}
 }
 
+// TestNoKeyWithoutATerminal: with no key configured and a log that no
+// person reads at a terminal (a pipe, as journald's), the generated key
+// is shown nowhere, every line written is JSON with -log-format json, one
+// WARN line says why every request under /v1 is refused, and it is.
+func TestNoKeyWithoutATerminal(t *testing.T) {
+	logs := &syncBuffer{}
+	base, cmd := startBinary(t, []string{"env", "PETSTORE_API_KEYS="}, []string{"-log-format", "json", "-db", filepath.Join(t.TempDir(), "pets.db")}, logs)
+	checkReply(t, send(t, base, call{method: "GET", path: "/v1/pets"}), 401, nil, errBody(401, codeUnauthorized, "invalid API key"))
+	checkReply(t, send(t, base, call{method: "GET", path: "/healthz", header: noKey}), 200, nil, `{"status":"ok"}`)
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	waitForLog(t, logs, `"msg":"stopped"`, 1)
+	warned := 0
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var entry struct{ Level, Msg string }
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Errorf("a line that is not JSON: %q", line)
+		}
+		if entry.Level == "WARN" && strings.HasPrefix(entry.Msg, "no API key configured (PETSTORE_API_KEYS, -api-keys-file): every request under /v1 is refused") {
+			warned++
+		}
+	}
+	if warned != 1 {
+		t.Errorf("%d WARN lines about the missing key, want 1:\n%s", warned, logs)
+	}
+}
+
 func TestRunFailures(t *testing.T) {
 	dir := t.TempDir()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
@@ -210,7 +237,7 @@ func TestTLS(t *testing.T) {
 
 // writeTestCertificate makes a self-signed certificate for 127.0.0.1 and
 // returns its files and a pool that trusts it.
-func writeTestCertificate(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+func writeTestCertificate(t testing.TB, dir string) (certFile, keyFile string, pool *x509.CertPool) {
 	t.Helper()
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	must(t, err)

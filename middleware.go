@@ -228,6 +228,38 @@ func refuseChunked(next http.Handler) http.Handler {
 	})
 }
 
+// closeAfterUnreadBody answers a request that came with a body over
+// HTTP/1.1 with Connection: close, unless its handler reads the body
+// (see readBody). Go's server otherwise reads off the body a handler
+// left before it sends the answer, until the read timeout for a slow one.
+// Once an answer with Connection: close is sent, Go's server still reads
+// off what is left of the body, to the read timeout, while the connection
+// holds its place under the cap; it is given lingerFor, for the client to
+// receive the answer before the close. An HTTP/2 stream's body needs no
+// such care: the stream alone is reset.
+func closeAfterUnreadBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 1 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if r.ContentLength != 0 {
+			w.Header()["Connection"] = connectionClose
+		}
+		next.ServeHTTP(w, r)
+		if w.Header().Get("Connection") == "close" {
+			http.NewResponseController(w).SetReadDeadline(time.Now().Add(lingerFor))
+		}
+	})
+}
+
+// lingerFor is how long the rest of a body is read off after its request
+// was answered with Connection: close.
+const lingerFor = 500 * time.Millisecond
+
+// connectionClose is shared: net/http only reads it.
+var connectionClose = []string{"close"}
+
 // rejectUncleanPaths answers 404 for paths with "//", "." or ".."
 // segments. The mux would redirect them, and a redirect is neither the
 // JSON error body nor something a script's curl follows by default.

@@ -18,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -161,8 +160,9 @@ func isJSONContentType(ct string) bool {
 
 // readBody reads the request body, at most maxBodyBytes of it, and
 // answers 413 past that; no more than that is ever held in memory. ok is
-// false when an answer has been written.
-func readBody(w http.ResponseWriter, r *http.Request, drainUntil time.Time) (body []byte, ok bool) {
+// false when an answer has been written. A body read whole lets the
+// connection be kept (see closeAfterUnreadBody).
+func readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
 	if r.ContentLength <= maxBodyBytes {
 		body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
 		if err != nil {
@@ -170,18 +170,18 @@ func readBody(w http.ResponseWriter, r *http.Request, drainUntil time.Time) (bod
 			return nil, false
 		}
 		if len(body) <= maxBodyBytes {
+			delete(w.Header(), "Connection")
 			return body, true
 		}
 	}
 	// A client still sending when the connection closes is reset by the
 	// kernel and loses the answer, so the rest of a body up to
-	// maxDrainBytes is read and thrown away first, until drainUntil at the
-	// latest. A body announced larger than that, or one that waits for 100
+	// maxDrainBytes is read and thrown away first, within -read-timeout.
+	// A body announced larger than that, or one that waits for 100
 	// Continue, is answered at once, unread.
 	announcedLarge := r.ContentLength > maxDrainBytes
 	awaitsContinue := strings.EqualFold(r.Header.Get("Expect"), "100-continue") && r.ContentLength > maxBodyBytes
 	if !announcedLarge && !awaitsContinue {
-		http.NewResponseController(w).SetReadDeadline(drainUntil)
 		io.Copy(io.Discard, io.LimitReader(r.Body, maxDrainBytes))
 	}
 	writeError(w, http.StatusRequestEntityTooLarge, codeBodyTooLarge,

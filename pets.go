@@ -5,7 +5,6 @@
 package main
 
 import (
-	"cmp"
 	_ "embed"
 	"errors"
 	"log/slog"
@@ -25,6 +24,7 @@ type server struct {
 	// createWithin is how long a create may take before it must be
 	// answered (see createDeadline); 0: no bound.
 	createWithin time.Duration
+	readTimeout  time.Duration // the server's, for a request's body
 	// guard answers 429 to an address that fails authentication too
 	// often; nil: none.
 	guard *authGuard
@@ -102,10 +102,10 @@ func newHandler(s *server) http.Handler {
 	mux.HandleFunc("/", notFound)
 
 	// Built inside out; a request meets them in the order of this file:
-	// secureHeaders, logRequests, recoverPanics, cors, rejectUncleanPaths,
-	// the mux, then requireAPIKey and deprecated on the
+	// secureHeaders, logRequests, recoverPanics, cors, refuseChunked,
+	// rejectUncleanPaths, closeAfterUnreadBody, the mux, then requireAPIKey and deprecated on the
 	// routes that want them.
-	h := refuseChunked(rejectUncleanPaths(mux))
+	h := refuseChunked(rejectUncleanPaths(closeAfterUnreadBody(mux)))
 	h = cors(s.corsOrigins, s.log, mux, methods, h)
 	h = recoverPanics(s.log, h)
 	h = logRequests(s.log, h)
@@ -300,9 +300,12 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeInvalidParameter, err.Error())
 		return
 	}
-	// An oversized body is drained until the create's deadline at most;
-	// without a write timeout, for 10 s.
-	body, ok := readBody(w, r, start.Add(cmp.Or(s.createWithin, 10*time.Second)))
+	// A body over the limit is read off until -read-timeout, or the
+	// create's deadline if sooner, so that its 413 can still be sent.
+	if s.createWithin > 0 && s.createWithin < s.readTimeout {
+		http.NewResponseController(w).SetReadDeadline(start.Add(s.createWithin))
+	}
+	body, ok := readBody(w, r)
 	if !ok {
 		return
 	}
@@ -312,16 +315,16 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := createRequest{pet: np, idempotencyKey: key}
-	if info, _ := infoOf(r.Context()); info.hasKey {
-		c.scope = idempotencyScope(info.key)
+	if key, ok := apiKeyOf(r.Context()); ok {
+		c.scope = idempotencyScope(key)
 	}
 	if s.createWithin > 0 {
-		c.deadline = start.Add(s.createWithin)
-		// A create whose commit has begun is answered with its outcome,
+		// The store refuses a create whose commit has not begun by its
+		// deadline, and answers one that has begun with its outcome,
 		// however long the commit takes: the server's write timeout must
-		// not cut the client off from a pet that was stored.
-		rc := http.NewResponseController(w)
-		c.late = func() { rc.SetWriteDeadline(time.Time{}) }
+		// not then cut the client off from a pet that was stored.
+		c.deadline = start.Add(s.createWithin)
+		http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	}
 	p, replayed, err := s.store.createPet(r.Context(), c)
 	switch {

@@ -46,11 +46,6 @@ type createRequest struct {
 	// deadline is when the client must have its answer; a create whose
 	// commit has not begun by then is not stored. Zero: none.
 	deadline time.Time
-	// late, if set, is called when the deadline passes while the create's
-	// commit runs: its answer will come late, and the truth, so whoever
-	// bounds the answer's time must wait for it (the handler lifts the
-	// connection's write deadline).
-	late func()
 }
 
 // maxBatch bounds how many creates share one transaction.
@@ -119,9 +114,6 @@ func (s *petStore) createPet(ctx context.Context, c createRequest) (Pet, bool, e
 	case <-expired:
 		if w.state.CompareAndSwap(requestPending, requestAbandoned) {
 			return Pet{}, false, errTimedOut
-		}
-		if c.late != nil {
-			c.late()
 		}
 		r := <-w.done
 		return r.pet, r.replayed, r.err
