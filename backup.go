@@ -25,9 +25,9 @@ import (
 func runBackup(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	const usage = "petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"
 	fs := newFlagSet("petstore backup")
-	var db, dir string
+	var dir string
 	var keep int
-	(&flagEnv{fs: fs, getenv: getenv, vars: map[string]string{}}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to back up")
+	db := envFlag(fs, getenv, "db", "petstore.db", "SQLite database `file` to back up")
 	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this `directory` instead of BACKUP-FILE")
 	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep (a `count`), the newest; older ones this command wrote are deleted")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -37,7 +37,7 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 			fs.PrintDefaults()
 			return nil
 		}
-		return fmt.Errorf("backup: %w", explainFlagError(fs, "petstore backup", nil, err))
+		return fmt.Errorf("backup: %w", explainFlagError("petstore backup", err))
 	}
 	files := fs.Args()
 	dst := ""
@@ -59,11 +59,11 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 		// Named by its UTC time, so that names sort in time order.
 		dst = filepath.Join(dir, "petstore-"+time.Now().UTC().Format("20060102T150405Z")+".db")
 	}
-	pets, err := backupDatabase(ctx, db, dst)
+	pets, err := backupDatabase(ctx, *db, dst)
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
-	fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, dst, pets)
+	fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", *db, dst, pets)
 	if dir == "" {
 		return nil
 	}
@@ -193,8 +193,8 @@ func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 func runRestore(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	const usage = "petstore restore -from BACKUP [-db FILE]"
 	fs := newFlagSet("petstore restore")
-	var db, from string
-	(&flagEnv{fs: fs, getenv: getenv, vars: map[string]string{}}).string(&db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file` to replace")
+	var from string
+	db := envFlag(fs, getenv, "db", "petstore.db", "SQLite database `file` to replace")
 	fs.StringVar(&from, "from", "", "the backup `file` to put back, as petstore backup wrote it")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -203,16 +203,16 @@ func runRestore(ctx context.Context, args []string, getenv func(string) string, 
 			fs.PrintDefaults()
 			return nil
 		}
-		return fmt.Errorf("restore: %w", explainFlagError(fs, "petstore restore", nil, err))
+		return fmt.Errorf("restore: %w", explainFlagError("petstore restore", err))
 	}
 	if from == "" || fs.NArg() != 0 {
 		return errors.New("restore: name the backup with -from, and nothing else: " + usage)
 	}
-	pets, err := restoreDatabase(ctx, from, db)
+	pets, err := restoreDatabase(ctx, from, *db)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	fmt.Fprintf(stdout, "restored %s to %s: %d pets, integrity ok\n", from, db, pets)
+	fmt.Fprintf(stdout, "restored %s to %s: %d pets, integrity ok\n", from, *db, pets)
 	return nil
 }
 

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -80,7 +79,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer logOut.close(time.Second)
 	log := newLogger(logOut, cfg.logFormat, cfg.logLevel)
 	for _, name := range cfg.unknownVariables {
-		log.Warn("environment variable not read by petstore: it has no effect"+meantVariable(name, cfg.variables), "name", name)
+		log.Warn("environment variable not read by petstore: it has no effect", "name", name)
 	}
 	var terminal io.Writer // nil: the log is not read by a person at a terminal
 	if f, ok := stderr.(*os.File); ok {
@@ -274,9 +273,10 @@ func (s *service) reloadOnHUP(ctx context.Context, hup <-chan os.Signal) {
 	}
 }
 
-// Configuration: the serving flags, each with an environment variable as
-// its default, parsed and refused the same way from either source, and
-// hints for the names people reach for.
+// Configuration: the serving flags, each with an environment variable
+// as its default, PETSTORE_ and the flag's name in capitals, so systemd
+// units and shells can use either; a flag wins. A value is refused the
+// same way from either source, naming both.
 
 // config is what the flags and environment say.
 type config struct {
@@ -292,81 +292,13 @@ type config struct {
 	corsOrigins    []string
 	maxConns       int
 	version        bool
-	// variables maps each flag to its environment variable; the
-	// PETSTORE_ variables set that none reads are in unknownVariables.
-	variables        map[string]string
+	// unknownVariables are the PETSTORE_ variables set that no flag reads.
 	unknownVariables []string
 }
 
-// flagEnv defines flags whose defaults come from environment variables,
-// so systemd units and shells can use either. A flag and its variable go
-// through the same parse, so both accept the same values and are refused
-// with the same message, naming both; a refused variable is reported
-// after parsing, like a refused flag.
-type flagEnv struct {
-	fs     *flag.FlagSet
-	getenv func(string) string
-	vars   map[string]string
-	err    error
-}
-
-// define defines the flag name with its variable env; parse turns a
-// value into *p.
-func define[T any](f *flagEnv, p *T, name, env string, def T, defText, want, usage string, parse func(string) (T, error)) {
-	*p = def
-	f.vars[name] = env
-	v := &flagValue[T]{p: p, text: defText, parse: parse,
-		refuse: func(value string) error {
-			err := fmt.Errorf("-%s (%s) must be %s, got %q", name, env, want, value)
-			f.err = errors.Join(f.err, err)
-			return err
-		}}
-	if e := f.getenv(env); e != "" {
-		v.Set(e)
-	}
-	f.fs.Var(v, name, usage+" (env "+env+")")
-}
-
-func (f *flagEnv) string(p *string, name, env, def, usage string) {
-	define(f, p, name, env, def, def, "", usage, func(v string) (string, error) { return v, nil })
-}
-
-func (f *flagEnv) duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	define(f, p, name, env, def, def.String(), "a positive duration such as 5s or 1m30s", usage+", a `duration`", positive(time.ParseDuration))
-}
-
-func (f *flagEnv) int(p *int, name, env string, def int, defText, usage string) {
-	define(f, p, name, env, def, defText, "a positive integer", usage, positive(strconv.Atoi))
-}
-
-// positive is parse refusing a value that is zero or negative.
-func positive[T int | time.Duration](parse func(string) (T, error)) func(string) (T, error) {
-	return func(v string) (T, error) {
-		x, err := parse(v)
-		if err == nil && x <= 0 {
-			err = errors.New("not positive")
-		}
-		return x, err
-	}
-}
-
-// flagValue is the flag.Value of define.
-type flagValue[T any] struct {
-	p      *T
-	text   string
-	parse  func(string) (T, error)
-	refuse func(string) error
-}
-
-func (v *flagValue[T]) String() string { return v.text }
-
-func (v *flagValue[T]) Set(s string) error {
-	x, err := v.parse(s)
-	if err != nil {
-		return v.refuse(s)
-	}
-	*v.p, v.text = x, s
-	return nil
+// envName is the environment variable of the flag name.
+func envName(flag string) string {
+	return "PETSTORE_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
 // newFlagSet returns a FlagSet that does not print: main prints the one
@@ -377,33 +309,54 @@ func newFlagSet(name string) *flag.FlagSet {
 	return fs
 }
 
+// envFlag defines the string flag name, its default taken from its
+// environment variable when that is set.
+func envFlag(fs *flag.FlagSet, getenv func(string) string, name, def, usage string) *string {
+	return fs.String(name, cmp.Or(getenv(envName(name)), def), usage+" (env "+envName(name)+")")
+}
+
+// explainFlagError turns the flag package's "flag provided but not
+// defined" into a message that points to command's -h; other errors are
+// returned as they are.
+func explainFlagError(command string, err error) error {
+	if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+		return fmt.Errorf("unknown flag -%s (%s -h lists them)", name, command)
+	}
+	return err
+}
+
 // parseFlags reads the serving command line.
 func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (config, error) {
 	var c config
 	fs := newFlagSet("petstore")
-	f := &flagEnv{fs: fs, getenv: getenv, vars: map[string]string{}}
-	f.string(&c.addr, "addr", "PETSTORE_ADDR", "127.0.0.1:8080", "listen address, `host:port` (:8080 for every interface)")
-	f.string(&c.db, "db", "PETSTORE_DB", "petstore.db", "SQLite database `file`, created if missing")
-	f.string(&c.apiKeysFile, "api-keys-file", "PETSTORE_API_KEYS_FILE", "", "`file` of API keys, one a line, plain or sha256:<hex>; SIGHUP re-reads it")
-	f.string(&c.tlsCert, "tls-cert", "PETSTORE_TLS_CERT", "", "PEM certificate chain `file`; with -tls-key, serve HTTPS")
-	f.string(&c.tlsKey, "tls-key", "PETSTORE_TLS_KEY", "", "PEM private key `file` for -tls-cert")
-	f.duration(&c.readHeaderTimeout, "read-header-timeout", "PETSTORE_READ_HEADER_TIMEOUT", 5*time.Second, "time allowed to send the request headers")
-	f.duration(&c.readTimeout, "read-timeout", "PETSTORE_READ_TIMEOUT", 10*time.Second, "time allowed to send the whole request (a create's body is at most 16 KiB)")
-	f.duration(&c.writeTimeout, "write-timeout", "PETSTORE_WRITE_TIMEOUT", 30*time.Second, "time allowed from the end of the request headers to the end of the response")
-	f.duration(&c.idleTimeout, "idle-timeout", "PETSTORE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive connection is kept")
-	f.int(&c.maxHeaderBytes, "max-header-bytes", "PETSTORE_MAX_HEADER_BYTES", 16<<10, "16384", "largest request header block, in bytes, an `int`")
-	f.string(&c.logFormat, "log-format", "PETSTORE_LOG_FORMAT", "text", "log `format`: text or json")
-	var level, origins string
-	f.string(&level, "log-level", "PETSTORE_LOG_LEVEL", "info", "log `level`: debug, info (one line per request), warn or error")
-	f.string(&origins, "cors-origins", "PETSTORE_CORS_ORIGINS", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)")
-	f.int(&c.maxConns, "max-conns", "PETSTORE_MAX_CONNS", defaultMaxConns(), "", fmt.Sprintf(
-		"most client connections served at once, an `int` (default: 2048, or the descriptor limit less room for the database if lower; here %d)", defaultMaxConns()))
+	str := func(name, def, usage string) *string { return envFlag(fs, getenv, name, def, usage) }
+	addr := str("addr", "127.0.0.1:8080", "listen address, `host:port` (:8080 for every interface)")
+	db := str("db", "petstore.db", "SQLite database `file`, created if missing")
+	keysFile := str("api-keys-file", "", "`file` of API keys, one a line, plain or sha256:<hex>; SIGHUP re-reads it")
+	tlsCert := str("tls-cert", "", "PEM certificate chain `file`; with -tls-key, serve HTTPS")
+	tlsKey := str("tls-key", "", "PEM private key `file` for -tls-cert")
+	durations := []struct {
+		p               *time.Duration
+		name, def, what string
+	}{
+		{&c.readHeaderTimeout, "read-header-timeout", "5s", "time allowed to send the request headers"},
+		{&c.readTimeout, "read-timeout", "10s", "time allowed to send the whole request (a create's body is at most 16 KiB)"},
+		{&c.writeTimeout, "write-timeout", "30s", "time allowed from the end of the request headers to the end of the response"},
+		{&c.idleTimeout, "idle-timeout", "2m0s", "how long an idle keep-alive connection is kept"},
+	}
+	durationText := make([]*string, len(durations))
+	for i, d := range durations {
+		durationText[i] = str(d.name, d.def, d.what+", a `duration`")
+	}
+	maxHeaderBytes := str("max-header-bytes", "16384", "largest request header block, in bytes, an `int`")
+	logFormat := str("log-format", "text", "log `format`: text or json")
+	level := str("log-level", "info", "log `level`: debug, info (one line per request), warn or error")
+	origins := str("cors-origins", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)")
+	maxConns := str("max-conns", strconv.Itoa(defaultMaxConns()),
+		"most client connections served at once, an `int` (default: 2048, or half the descriptor limit less room for the database if lower)")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
-	c.variables = f.vars
 	err := fs.Parse(args[1:])
 	switch {
-	case f.err != nil:
-		return c, f.err // a flag or variable refused, with its message
 	case errors.Is(err, flag.ErrHelp):
 		// "petstore", not args[0]: under go run that is a path in the
 		// build cache.
@@ -415,9 +368,33 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		fs.PrintDefaults()
 		return c, err
 	case err != nil:
-		return c, explainFlagError(fs, "petstore", flagHints, err)
+		return c, explainFlagError("petstore", err)
 	case fs.NArg() > 0:
 		return c, fmt.Errorf("unexpected argument %q (commands: backup, restore, keygen)", fs.Arg(0))
+	}
+	c.addr, c.db, c.apiKeysFile, c.tlsCert, c.tlsKey, c.logFormat = *addr, *db, *keysFile, *tlsCert, *tlsKey, *logFormat
+	// Every refused number is named, with its flag and variable.
+	var refused error
+	for i, d := range durations {
+		v, err := time.ParseDuration(*durationText[i])
+		if err != nil || v <= 0 {
+			refused = errors.Join(refused, fmt.Errorf("-%s (%s) must be a positive duration such as 5s or 1m30s, got %q", d.name, envName(d.name), *durationText[i]))
+		}
+		*d.p = v
+	}
+	for _, n := range []struct {
+		p     *int
+		name  string
+		value string
+	}{{&c.maxHeaderBytes, "max-header-bytes", *maxHeaderBytes}, {&c.maxConns, "max-conns", *maxConns}} {
+		v, err := strconv.Atoi(n.value)
+		if err != nil || v <= 0 {
+			refused = errors.Join(refused, fmt.Errorf("-%s (%s) must be a positive integer, got %q", n.name, envName(n.name), n.value))
+		}
+		*n.p = v
+	}
+	if refused != nil {
+		return c, refused
 	}
 	if _, port, err := net.SplitHostPort(c.addr); err != nil {
 		hint := "such as 127.0.0.1:8080, or :8080 for every interface"
@@ -436,10 +413,10 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	if c.logFormat != "text" && c.logFormat != "json" {
 		return c, fmt.Errorf("-log-format (PETSTORE_LOG_FORMAT) must be text or json, got %q", c.logFormat)
 	}
-	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
-		return c, fmt.Errorf("-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got %q", level)
+	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
+		return c, fmt.Errorf("-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got %q", *level)
 	}
-	for _, o := range strings.Split(origins, ",") {
+	for _, o := range strings.Split(*origins, ",") {
 		if o = strings.TrimSpace(o); o == "" {
 			continue
 		}
@@ -453,7 +430,12 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	}
 	// The names come from the process's environment, the values from
 	// getenv: a test's getenv sees only its own variables.
-	known := append(slices.Collect(maps.Values(f.vars)), "PETSTORE_API_KEYS")
+	known := []string{"PETSTORE_API_KEYS"}
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "version" {
+			known = append(known, envName(f.Name))
+		}
+	})
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		if strings.HasPrefix(name, "PETSTORE_") && getenv(name) != "" && !slices.Contains(known, name) {
@@ -462,100 +444,4 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	}
 	slices.Sort(c.unknownVariables)
 	return c, nil
-}
-
-// flagAliases are names people reach for, and the flag that does it.
-var flagAliases = map[string]string{
-	"port": "addr", "listen": "addr", "host": "addr", "bind": "addr", "address": "addr",
-	"database": "db", "db-path": "db", "db-file": "db", "dbfile": "db", "file": "db",
-	"keys-file": "api-keys-file", "key-file": "tls-key", "tls-key-file": "tls-key",
-	"cert": "tls-cert", "tls": "tls-cert", "certificate": "tls-cert", "tls-certificate": "tls-cert", "cert-file": "tls-cert",
-	"cors": "cors-origins", "origins": "cors-origins", "verbose": "log-level", "debug": "log-level",
-	"max-connections": "max-conns", "connections": "max-conns", "conns": "max-conns",
-	"v": "version",
-}
-
-// flagHints answer flags people reach for that have no one flag to name.
-var flagHints = map[string]string{
-	"key": keysHint, "keys": keysHint, "api-key": keysHint, "api-keys": keysHint,
-	"timeout": "; the timeouts are -read-header-timeout, -read-timeout, -write-timeout and -idle-timeout",
-}
-
-const keysHint = "; API keys go in the environment variable PETSTORE_API_KEYS (comma-separated), or in a file named by -api-keys-file"
-
-// explainFlagError turns the flag package's "flag provided but not
-// defined" into a message that names the flag meant, or gives a hint, and
-// points to command's -h; other errors are returned as they are.
-func explainFlagError(fs *flag.FlagSet, command string, hints map[string]string, err error) error {
-	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
-	if !ok {
-		return err
-	}
-	var names []string
-	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
-	hint := hints[strings.ToLower(bareFlag(name))]
-	if meant := meantFlag(name, names); hint == "" && meant != "" {
-		hint = "; did you mean -" + meant + "?"
-	}
-	return fmt.Errorf("unknown flag -%s%s (%s -h lists them)", name, hint, command)
-}
-
-// meantVariable names the variable an unknown PETSTORE_ variable most
-// likely meant ("; did you mean PETSTORE_ADDR?"), or "".
-func meantVariable(name string, vars map[string]string) string {
-	asFlag := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, "PETSTORE_")), "_", "-")
-	if strings.HasPrefix(asFlag, "api-key") && !strings.Contains(asFlag, "file") {
-		return "; did you mean PETSTORE_API_KEYS?"
-	}
-	if f := meantFlag(asFlag, slices.Collect(maps.Keys(vars))); f != "" {
-		return "; did you mean " + vars[f] + "?"
-	}
-	return ""
-}
-
-// bareFlag is a flag's name without its dashes and any =value.
-func bareFlag(name string) string { return strings.TrimLeft(strings.SplitN(name, "=", 2)[0], "-") }
-
-// meantFlag is the flag of flags an unknown name most likely meant: an
-// alias, or the name fewest edits away (a swap of two letters is one; at
-// most a third of its length, or 1); "" when none is near.
-func meantFlag(name string, flags []string) string {
-	name = bareFlag(name)
-	if alias, ok := flagAliases[strings.ToLower(name)]; ok && slices.Contains(flags, alias) {
-		return alias
-	}
-	slices.Sort(flags) // of two as near, the same one every time
-	best, bestDistance := "", max(2, len(name)/3+1)
-	for _, f := range flags {
-		if d := editDistance(name, f); d < bestDistance {
-			best, bestDistance = f, d
-		}
-	}
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b, with two
-// letters swapped counted as one edit.
-func editDistance(a, b string) int {
-	// Rows i-2, i-1 and i of the table.
-	older, prev := make([]int, len(b)+1), make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
-				cur[j] = min(cur[j], older[j-2]+1)
-			}
-		}
-		older, prev = prev, cur
-	}
-	return prev[len(b)]
 }

@@ -124,15 +124,8 @@ func TestRunFailures(t *testing.T) {
 		{"corrupt database", []string{"-addr", "127.0.0.1:0", "-db", corrupt}, env, "open database " + corrupt + ": file is not a database"},
 		{"database in a missing directory", []string{"-addr", "127.0.0.1:0", "-db", filepath.Join(dir, "no", "such.db")}, env, "open database: open " + filepath.Join(dir, "no", "such.db") + ": no such file or directory"},
 		{"unknown flag", []string{"-nope"}, env, "unknown flag -nope (petstore -h lists them)"},
-		{"a flag people reach for", []string{"-port", "8080"}, env, "unknown flag -port; did you mean -addr? (petstore -h lists them)"},
-		{"a misspelt flag", []string{"-idle-timout", "1m"}, env, "unknown flag -idle-timout; did you mean -idle-timeout? (petstore -h lists them)"},
-		{"a key as a flag", []string{"-api-key", "x"}, env, "unknown flag -api-key; API keys go in the environment variable PETSTORE_API_KEYS (comma-separated), or in a file named by -api-keys-file (petstore -h lists them)"},
-		{"a timeout", []string{"-timeout", "5s"}, env, "unknown flag -timeout; the timeouts are -read-header-timeout, -read-timeout, -write-timeout and -idle-timeout (petstore -h lists them)"},
-		{"a letter too many", []string{"-dbb", "x"}, env, "unknown flag -dbb; did you mean -db? (petstore -h lists them)"},
-		{"a backup flag misspelt", []string{"backup", "-bd", "x", "y"}, env, "backup: unknown flag -bd; did you mean -db? (petstore backup -h lists them)"},
-		{"a restore flag misspelt", []string{"restore", "-frm", "x"}, env, "restore: unknown flag -frm; did you mean -from? (petstore restore -h lists them)"},
-		{"a short flag", []string{"-v"}, env, "unknown flag -v; did you mean -version? (petstore -h lists them)"},
-		{"another name for a flag", []string{"-max-connections", "5"}, env, "unknown flag -max-connections; did you mean -max-conns? (petstore -h lists them)"},
+		{"an unknown backup flag", []string{"backup", "-bd", "x", "y"}, env, "backup: unknown flag -bd (petstore backup -h lists them)"},
+		{"an unknown restore flag", []string{"restore", "-frm", "x"}, env, "restore: unknown flag -frm (petstore restore -h lists them)"},
 		{"a port beyond 65535", []string{"-addr", ":99999"}, env, "-addr (PETSTORE_ADDR) has port 99999, beyond 65535"},
 		{"a port for an address", []string{"-addr", "8080"}, env, `-addr (PETSTORE_ADDR) must be host:port, got "8080": use :8080 or 127.0.0.1:8080`},
 		{"a host for an address", nil, map[string]string{"PETSTORE_ADDR": "localhost"}, `-addr (PETSTORE_ADDR) must be host:port, got "localhost": such as 127.0.0.1:8080, or :8080 for every interface`},
@@ -554,29 +547,24 @@ func TestCommandLines(t *testing.T) {
 }
 
 // TestUnknownVariables: at start, each PETSTORE_ variable petstore does
-// not read gets a warning naming the one meant, when one is near.
+// not read gets a warning naming it: a misspelt variable is not ignored
+// in silence.
 func TestUnknownVariables(t *testing.T) {
 	logs := &syncBuffer{}
 	cmd := exec.Command(petstoreBinary(t), "-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "pets.db"))
 	cmd.Env = binaryEnv("PETSTORE_API_KEYS="+testKey, "PETSTORE_PORT=8080", "PETSTORE_API_KEY=x", "PETSTORE_DB_FILE=pets.db", "PETSTORE_COLOUR=red",
-		"PETSTORE_TLS_CERTIFICATE=cert.pem", "PETSTORE_MAX_CONN=5")
+		"PETSTORE_TLS_CERTIFICATE=cert.pem", "PETSTORE_MAX_CONN=5", "PETSTORE_READ_TIMEOUT=9s")
 	cmd.Stderr = logs
 	must(t, cmd.Start())
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	waitForLog(t, logs, `msg=listening`, 1)
-	for _, want := range []string{
-		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_API_KEYS\?" name=PETSTORE_API_KEY`,
-		`level=WARN msg="environment variable not read by petstore: it has no effect" name=PETSTORE_COLOUR`,
-		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_DB\?" name=PETSTORE_DB_FILE`,
-		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_ADDR\?" name=PETSTORE_PORT`,
-		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_MAX_CONNS\?" name=PETSTORE_MAX_CONN`,
-		`level=WARN msg="environment variable not read by petstore: it has no effect; did you mean PETSTORE_TLS_CERT\?" name=PETSTORE_TLS_CERTIFICATE`,
-	} {
-		if n := countLines(logs, want); n != 1 {
+	for _, name := range []string{"PETSTORE_API_KEY", "PETSTORE_COLOUR", "PETSTORE_DB_FILE", "PETSTORE_MAX_CONN", "PETSTORE_PORT", "PETSTORE_TLS_CERTIFICATE"} {
+		want := `level=WARN msg="environment variable not read by petstore: it has no effect" name=` + name + "\n"
+		if n := countLines(logs, regexp.QuoteMeta(want)); n != 1 {
 			t.Errorf("%d lines %s, want 1:\n%s", n, want, logs)
 		}
 	}
 	if n := countLines(logs, "not read by petstore"); n != 6 {
-		t.Errorf("%d warnings, want 6 (PETSTORE_API_KEYS is read):\n%s", n, logs)
+		t.Errorf("%d warnings, want 6 (PETSTORE_API_KEYS and PETSTORE_READ_TIMEOUT are read):\n%s", n, logs)
 	}
 }
