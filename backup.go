@@ -1,7 +1,7 @@
-// Backups and restore: "petstore backup", one consistent copy or a
-// directory of snapshots with retention, written with VACUUM INTO and
-// checked before it is called a backup; "petstore restore", which puts one
-// back while no service holds the file.
+// Backups and restore, as the backup and restore commands (main.go) call
+// them: one consistent copy, written with VACUUM INTO and checked before
+// it is called a backup; retention of a directory of snapshots; and the
+// put-back, while no service holds the file.
 
 package main
 
@@ -9,76 +9,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
-	"strings"
-	"time"
 )
-
-// runBackup is "petstore backup [-db FILE] BACKUP-FILE", or, for
-// scheduled snapshots, "petstore backup [-db FILE] -dir DIR [-keep N]".
-func runBackup(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	const usage = "petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"
-	fs := newFlagSet("petstore backup")
-	var dir string
-	var keep int
-	db := envFlag(fs, getenv, "db", "petstore.db", "SQLite database `file` to back up")
-	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this `directory` instead of BACKUP-FILE")
-	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep (a `count`), the newest; older ones this command wrote are deleted")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stdout, "Usage: %s\n\nWrites a consistent copy of the database, also while the service runs.\n\nFlags:\n", usage)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return nil
-		}
-		return fmt.Errorf("backup: %w", explainFlagError("petstore backup", err))
-	}
-	files := fs.Args()
-	dst := ""
-	switch {
-	case len(files) > 1 && slices.ContainsFunc(files[1:], func(arg string) bool { return strings.HasPrefix(arg, "-") }):
-		return errors.New("backup: flags go before the backup file: " + usage)
-	case dir == "" && len(files) != 1:
-		return fmt.Errorf("backup: name one backup file, or -dir (got %d names): %s", len(files), usage)
-	case dir == "":
-		dst = files[0]
-	case len(files) != 0:
-		return errors.New("backup: with -dir, name no backup file: " + usage)
-	case keep < 1:
-		return fmt.Errorf("backup: -keep must be at least 1, got %d", keep)
-	default:
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("backup: %w", err)
-		}
-		// Named by its UTC time, so that names sort in time order.
-		dst = filepath.Join(dir, "petstore-"+time.Now().UTC().Format("20060102T150405Z")+".db")
-	}
-	pets, err := backupDatabase(ctx, *db, dst)
-	if err != nil {
-		return fmt.Errorf("backup: %w", err)
-	}
-	fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", *db, dst, pets)
-	if dir == "" {
-		return nil
-	}
-	removed, ahead, err := pruneSnapshots(dir, keep, filepath.Base(dst))
-	for _, name := range removed {
-		fmt.Fprintf(stdout, "deleted the older snapshot %s\n", filepath.Join(dir, name))
-	}
-	for _, name := range ahead {
-		fmt.Fprintf(stdout, "kept %s, named after this one (by a clock that ran ahead?): it neither counts nor is deleted; delete it by hand if it is stale\n", filepath.Join(dir, name))
-	}
-	if err != nil {
-		return fmt.Errorf("backup: the snapshot was written, but older ones were not all deleted: %w", err)
-	}
-	return nil
-}
 
 // snapshotPattern matches the names of the snapshots that -dir writes,
 // and only those: retention never touches another file.
@@ -187,33 +122,6 @@ func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 		return 0, fmt.Errorf("check backup: %w", err)
 	}
 	return pets, nil
-}
-
-// runRestore is "petstore restore -from BACKUP [-db FILE]".
-func runRestore(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	const usage = "petstore restore -from BACKUP [-db FILE]"
-	fs := newFlagSet("petstore restore")
-	var from string
-	db := envFlag(fs, getenv, "db", "petstore.db", "SQLite database `file` to replace")
-	fs.StringVar(&from, "from", "", "the backup `file` to put back, as petstore backup wrote it")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stdout, "Usage: %s\n\nReplaces the database with a checked backup, while no service holds it.\n\nFlags:\n", usage)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return nil
-		}
-		return fmt.Errorf("restore: %w", explainFlagError("petstore restore", err))
-	}
-	if from == "" || fs.NArg() != 0 {
-		return errors.New("restore: name the backup with -from, and nothing else: " + usage)
-	}
-	pets, err := restoreDatabase(ctx, from, *db)
-	if err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
-	fmt.Fprintf(stdout, "restored %s to %s: %d pets, integrity ok\n", from, *db, pets)
-	return nil
 }
 
 // restoreDatabase replaces the database at db with the backup at from.

@@ -54,6 +54,7 @@ var faultAnswers = map[faultKind]struct{ code, retryAfter string }{
 	faultLocked:       {codeUnavailable, "1"},
 	faultNotAnswering: {codeUnavailable, "1"},
 	faultTimedOut:     {codeUnavailable, "1"},
+	faultStarting:     {codeUnavailable, "1"},
 	faultIO:           {codeStorageFailed, "60"},
 	faultDamaged:      {codeStorageDamaged, "60"},
 	faultReplaced:     {codeUnavailable, "60"},

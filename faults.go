@@ -2,8 +2,9 @@
 // underneath it. Everything here rests on what SQLite and the OS promise:
 // SQLite's error codes, its checkpoints and VACUUM INTO, and the file
 // system's locks, device and inode numbers. Nothing reads SQLite's file
-// formats. A fault is classified once, answered as a 503 that names its
-// cause, logged when it begins and when it ends, and shown by /healthz.
+// formats. A fault is classified once, returned as an error that names
+// its cause, logged when it begins and when it ends, and shown by the
+// health check.
 
 package main
 
@@ -33,6 +34,7 @@ const (
 	faultLocked
 	faultNotAnswering
 	faultTimedOut // one create that could not be committed before its deadline
+	faultStarting // the start-up's checks and the view's load are under way
 	// The kinds below last until the service is restarted (see lasting).
 	faultIO       // a write or fsync failed: the files are suspect
 	faultDamaged  // SQLite found the file corrupt
@@ -43,13 +45,14 @@ const (
 )
 
 // faultMessages say what each fault is, starting with the short name of
-// the failing check: the log, /healthz and a refused client read them.
+// the failing check: the log, the health check and a refused client read them.
 var faultMessages = map[faultKind]string{
 	faultDiskFull:     "disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed",
 	faultReadOnly:     "read-only: the database file or its filesystem cannot be written",
 	faultLocked:       "database locked: another process holds the database's write lock",
 	faultNotAnswering: "database not answering",
 	faultTimedOut:     "timed out: the pet could not be committed before the write timeout, so it was not stored",
+	faultStarting:     "starting: the service is loading its catalogue and checking the database file",
 	faultIO:           "I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted",
 	faultDamaged:      "damaged: the database file is corrupt and must be restored from a backup",
 	faultReplaced:     "file replaced: the database file was deleted or replaced while the service ran; the service must be restarted",
@@ -60,9 +63,8 @@ var faultMessages = map[faultKind]string{
 
 func (k faultKind) message() string { return faultMessages[k] }
 
-// storageError is a store failure with a known cause outside the service.
-// Handlers answer it with 503 and Retry-After; it is logged once per
-// fault, not per request.
+// storageError is a store failure with a known cause outside the service,
+// logged once per fault, not per request; errors.go tells clients of it.
 type storageError struct {
 	kind faultKind
 	err  error
@@ -139,7 +141,7 @@ func openDBFile(path string) (*dbFile, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		// A file that cannot be written (read-only filesystem, immutable
-		// file) is still served for reading; creates get 503.
+		// file) is still served for reading; creates are refused.
 		ro, roErr := os.Open(path)
 		if roErr != nil {
 			return nil, fmt.Errorf("open database: %w", err)
@@ -286,7 +288,7 @@ func vacuumInto(ctx context.Context, conn interface {
 // faultLog remembers the passing storage fault in force (a full disk, a
 // read-only file, a lock), so it is logged once when it begins and once
 // when it ends, with how many requests it refused and for how long, and
-// reported by /healthz in between.
+// reported by the health check in between.
 type faultLog struct {
 	log  *slog.Logger
 	path string
@@ -311,7 +313,7 @@ func (f *faultLog) failed(kind faultKind, cause error, n int) {
 		f.endLocked("changed to " + kind.message())
 	}
 	f.kind, f.cause, f.since, f.refused = kind, cause, time.Now(), n
-	f.log.Error("storage fault: requests that need it are refused with 503 until it clears",
+	f.log.Error("storage fault: requests that need it are refused until it clears",
 		"fault", kind.message(), "err", cause.Error(), "db", f.path)
 }
 
@@ -411,7 +413,7 @@ func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 		err = errors.Join(os.Rename(saving, saved), syncPath(dir))
 	}
 	if err != nil {
-		s.lastingFault(se, vanished+"its pets could not be saved: fetch what the API still serves (GET /v1/pets) before you stop it", "save_err", err.Error())
+		s.lastingFault(se, vanished+"its pets could not be saved: fetch the pets the service still lists before you stop it", "save_err", err.Error())
 		return false
 	}
 	s.lastingFault(se, vanished+"every pet it holds is saved: stop the service, put them back with the command given, then start it",
@@ -452,7 +454,7 @@ func (s *petStore) keepInPlace(w *batchWriter) {
 		return
 	}
 	// A reader is waited out a second at a time, not in the writer loop,
-	// which must go on answering creates their 503.
+	// which must go on refusing creates.
 	w.setBusyTimeout(0)
 	defer w.setBusyTimeout(busyTimeoutMillis)
 	if aside, ok := s.checkpointInPlace(w); ok && (!s.savedInPlace || aside != nil) {
@@ -461,13 +463,18 @@ func (s *petStore) keepInPlace(w *batchWriter) {
 	}
 }
 
-// health is /healthz's answer: nil while the store can both read and
+// health is the health check: nil while the store can both read and
 // store a pet, and otherwise the failing check as a storageError. It does
 // no I/O: reads are answered from memory, faults already known are read
 // from memory too, and the rest comes from the writer loop's probes (see
 // storageDoubtful), so any number of monitors asking at once costs
 // nothing and cannot themselves look like a fault.
 func (s *petStore) health() error {
+	select {
+	case <-s.ready:
+	default:
+		return &storageError{kind: faultStarting, err: errors.New("not ready yet")}
+	}
 	if f := s.lasting.Load(); f != nil {
 		return f
 	}
@@ -482,7 +489,7 @@ func (s *petStore) health() error {
 }
 
 // stalledCommit is how long a commit may wait on the storage (a frozen
-// filesystem, a stalled disk) before the log and /healthz say so.
+// filesystem, a stalled disk) before the log and the health check say so.
 const stalledCommit = 5 * time.Second
 
 // minFreeBytes is the free space below which the writer loop tries a
@@ -505,16 +512,16 @@ func (s *petStore) storageDoubtful() bool {
 	return err != nil || st.Flags&stRdonly != 0 || int64(st.Bavail)*int64(st.Bsize) < minFreeBytes || s.file.readOnly.Load()
 }
 
-// quickCheck runs PRAGMA quick_check before the first write, a
+// quickCheck runs PRAGMA quick_check on db, before the first write, a
 // migration's included: a file damaged while the service was down (a
 // disk that failed, a crash after an I/O error) is refused for writing
 // instead of being written on, and what can be read of it is served if
 // every row can be.
-func (s *petStore) quickCheck() {
+func quickCheck(db *sql.DB) error {
 	var result string
-	err := s.writer.QueryRowContext(context.Background(), "PRAGMA quick_check(1)").Scan(&result)
+	err := db.QueryRowContext(context.Background(), "PRAGMA quick_check(1)").Scan(&result)
 	if err == nil && result != "ok" {
 		err = &storageError{kind: faultDamaged, err: errors.New("quick_check: " + result)}
 	}
-	s.storageFault(err)
+	return err
 }

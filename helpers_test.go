@@ -58,6 +58,7 @@ func startService(t testing.TB, env map[string]string, args ...string) *testServ
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.serve(ctx) }()
+	<-svc.store.ready // as the binary's "listening" line waits for it
 	stop := sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {

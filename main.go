@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -36,7 +37,7 @@ func main() {
 
 // needsCgo is all that a binary built without cgo prints (nocgo.go):
 // SQLite is C, so petstore needs a C compiler to build.
-const needsCgo = `petstore needs cgo and a C compiler: it keeps its pets in SQLite, which is C (github.com/mattn/go-sqlite3), and this binary was built with cgo off (CGO_ENABLED=0, or no C compiler was found). Install a C compiler and build again with CGO_ENABLED=1:
+const needsCgo = `petstore needs cgo and a C compiler: it keeps its pets in SQLite, which is C, and this binary was built with cgo off (CGO_ENABLED=0, or no C compiler was found). Install a C compiler and build again with CGO_ENABLED=1:
   Debian, Ubuntu: apt-get install gcc
   Alpine:         apk add gcc musl-dev
   macOS:          xcode-select --install`
@@ -92,6 +93,93 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	return svc.serve(ctx)
+}
+
+// runBackup is "petstore backup [-db FILE] BACKUP-FILE", or, for
+// scheduled snapshots, "petstore backup [-db FILE] -dir DIR [-keep N]".
+func runBackup(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	const usage = "petstore backup [-db FILE] BACKUP-FILE | petstore backup [-db FILE] -dir DIR [-keep N]"
+	fs := newFlagSet("petstore backup")
+	var dir string
+	var keep int
+	db := envFlag(fs, getenv, "db", "petstore.db", "SQLite database `file` to back up")
+	fs.StringVar(&dir, "dir", "", "write a timestamped snapshot into this `directory` instead of BACKUP-FILE")
+	fs.IntVar(&keep, "keep", 14, "with -dir: how many snapshots to keep (a `count`), the newest; older ones this command wrote are deleted")
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "Usage: %s\n\nWrites a consistent copy of the database, also while the service runs.\n\nFlags:\n", usage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return nil
+		}
+		return fmt.Errorf("backup: %w", explainFlagError("petstore backup", err))
+	}
+	files := fs.Args()
+	dst := ""
+	switch {
+	case len(files) > 1 && slices.ContainsFunc(files[1:], func(arg string) bool { return strings.HasPrefix(arg, "-") }):
+		return errors.New("backup: flags go before the backup file: " + usage)
+	case dir == "" && len(files) != 1:
+		return fmt.Errorf("backup: name one backup file, or -dir (got %d names): %s", len(files), usage)
+	case dir == "":
+		dst = files[0]
+	case len(files) != 0:
+		return errors.New("backup: with -dir, name no backup file: " + usage)
+	case keep < 1:
+		return fmt.Errorf("backup: -keep must be at least 1, got %d", keep)
+	default:
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("backup: %w", err)
+		}
+		// Named by its UTC time, so that names sort in time order.
+		dst = filepath.Join(dir, "petstore-"+time.Now().UTC().Format("20060102T150405Z")+".db")
+	}
+	pets, err := backupDatabase(ctx, *db, dst)
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", *db, dst, pets)
+	if dir == "" {
+		return nil
+	}
+	removed, ahead, err := pruneSnapshots(dir, keep, filepath.Base(dst))
+	for _, name := range removed {
+		fmt.Fprintf(stdout, "deleted the older snapshot %s\n", filepath.Join(dir, name))
+	}
+	for _, name := range ahead {
+		fmt.Fprintf(stdout, "kept %s, named after this one (by a clock that ran ahead?): it neither counts nor is deleted; delete it by hand if it is stale\n", filepath.Join(dir, name))
+	}
+	if err != nil {
+		return fmt.Errorf("backup: the snapshot was written, but older ones were not all deleted: %w", err)
+	}
+	return nil
+}
+
+// runRestore is "petstore restore -from BACKUP [-db FILE]".
+func runRestore(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	const usage = "petstore restore -from BACKUP [-db FILE]"
+	fs := newFlagSet("petstore restore")
+	var from string
+	db := envFlag(fs, getenv, "db", "petstore.db", "SQLite database `file` to replace")
+	fs.StringVar(&from, "from", "", "the backup `file` to put back, as petstore backup wrote it")
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "Usage: %s\n\nReplaces the database with a checked backup, while no service holds it.\n\nFlags:\n", usage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return nil
+		}
+		return fmt.Errorf("restore: %w", explainFlagError("petstore restore", err))
+	}
+	if from == "" || fs.NArg() != 0 {
+		return errors.New("restore: name the backup with -from, and nothing else: " + usage)
+	}
+	pets, err := restoreDatabase(ctx, from, *db)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	fmt.Fprintf(stdout, "restored %s to %s: %d pets, integrity ok\n", from, *db, pets)
+	return nil
 }
 
 // versionLine describes the build, from what the Go toolchain recorded in
@@ -215,6 +303,14 @@ func (s *service) serve(ctx context.Context) error {
 	}()
 	if tcp, ok := s.ln.Addr().(*net.TCPAddr); ok && s.cert == nil && !tcp.IP.IsLoopback() {
 		s.log.Warn("serving plain HTTP beyond loopback: API keys cross the network in clear text; use -tls-cert and -tls-key or a TLS proxy")
+	}
+	// Requests are answered from here on; the line that says where waits
+	// for the store's start-up (/healthz answers 503 "starting" until
+	// then), so a script or a test that waits for it finds the service
+	// ready.
+	select {
+	case <-s.store.ready:
+	case <-ctx.Done():
 	}
 	s.log.Info("listening", "addr", s.url(), "db", s.cfg.db)
 	select {

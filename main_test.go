@@ -524,7 +524,7 @@ func TestCommandLines(t *testing.T) {
 	// -h names the kind of each value, and its default.
 	var help bytes.Buffer
 	run(context.Background(), []string{"petstore", "-h"}, env, &help, io.Discard)
-	for _, want := range []string{"\n  -addr host:port\n", "\n  -idle-timeout duration\n", "(default 2m0s)", "\n  -max-header-bytes int\n",
+	for _, want := range []string{"\n  -addr host:port\n", "\n  -idle-timeout duration\n", `(default "2m0s")`, "\n  -max-header-bytes int\n",
 		"\n  -cors-origins origins\n", "\n  -db file\n"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("-h lacks %q:\n%s", want, help.String())

@@ -167,34 +167,15 @@ func serveOpenAPI(mediaType string) http.HandlerFunc {
 	}
 }
 
-// NewPet is the request body of createPet.
-type NewPet struct {
-	Name       string `json:"name"`
-	CategoryID int64  `json:"categoryId"`
-	Status     string `json:"status"`
-}
-
-// Pet is a stored animal: a NewPet with the id the service assigned.
-type Pet struct {
-	ID         int64  `json:"id"`
-	Name       string `json:"name"`
-	CategoryID int64  `json:"categoryId"`
-	Status     string `json:"status"`
-}
-
 const (
 	// defaultLimit and maxLimit are the page sizes of the specification.
 	defaultLimit = 20
 	maxLimit     = 100
-	// maxNameLength is counted in characters (Unicode code points).
-	maxNameLength = 100
 	// maxBodyBytes bounds what a create may send: 16 KiB is twelve times
 	// the largest valid NewPet (about 1.3 KB, a name of 100 four-byte
 	// characters escaped), so no real client comes near it, and a flood
 	// of large bodies holds little memory.
 	maxBodyBytes = 16 << 10
-	// defaultStatus is what an omitted status is stored as.
-	defaultStatus = "available"
 
 	// getPet was deprecated on 2026-11-22T00:00:00Z (RFC 9745 wants the
 	// date as @unix-seconds) and goes away on the specification's date.
@@ -202,9 +183,6 @@ const (
 	getPetSunset      = "Thu, 05 Dec 2030 00:00:00 GMT"
 	getPetSuccessor   = `</v1/pets>; rel="successor-version"`
 )
-
-// petStatuses is the PetStatus enumeration, in the specification's order.
-var petStatuses = []string{"available", "pending", "sold"}
 
 // listOrders stands for GET /store/orders, which the specification names
 // but does not describe.

@@ -24,6 +24,33 @@ import (
 	"unsafe"
 )
 
+// The catalogue's own terms, which the API and the storage both speak.
+
+// NewPet is a pet to be stored: the body of a create.
+type NewPet struct {
+	Name       string `json:"name"`
+	CategoryID int64  `json:"categoryId"`
+	Status     string `json:"status"`
+}
+
+// Pet is a stored animal: a NewPet with the id the store assigned.
+type Pet struct {
+	ID         int64  `json:"id"`
+	Name       string `json:"name"`
+	CategoryID int64  `json:"categoryId"`
+	Status     string `json:"status"`
+}
+
+const (
+	// maxNameLength is counted in characters (Unicode code points).
+	maxNameLength = 100
+	// defaultStatus is what an omitted status is stored as.
+	defaultStatus = "available"
+)
+
+// petStatuses is the PetStatus enumeration, in the specification's order.
+var petStatuses = []string{"available", "pending", "sold"}
+
 var (
 	// errNotFound: no pet has the requested id.
 	errNotFound = errors.New("not found")
@@ -178,13 +205,16 @@ type petStore struct {
 	// counted.
 	countsShort        atomic.Bool
 	stopCount, counted chan struct{}
+	// ready is closed once the writer loop's start-up work is done (see
+	// startUp).
+	ready chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
 // busyTimeoutMillis is how long a connection waits for a lock another
-// process holds before the request gets a 503 "database locked".
+// process holds before the request is refused as "database locked".
 const busyTimeoutMillis = 5000
 
 // sqliteDSN builds a go-sqlite3 DSN. Options are DSN parameters, not a
@@ -276,11 +306,13 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 	s := &petStore{file: file, writer: writer, log: log,
 		queue:     writeQueue{writes: make(chan *writeRequest, maxBatch), loopDone: make(chan struct{})},
 		faults:    faultLog{log: log, path: file.path},
-		stopCount: make(chan struct{}), counted: make(chan struct{})}
-	s.quickCheck()
-	if due && s.lasting.Load() == nil {
-		if err := s.migrate(); err != nil {
-			return fail(err)
+		stopCount: make(chan struct{}), counted: make(chan struct{}), ready: make(chan struct{})}
+	if due {
+		s.storageFault(quickCheck(writer)) // before the migration's writes
+		if s.lasting.Load() == nil {
+			if err := s.migrate(); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	w, err := newBatchWriter(writer)
@@ -299,26 +331,45 @@ func openStore(path string, log *slog.Logger) (*petStore, error) {
 		return fail(err)
 	}
 	file.noteOpened()
-	// Before the service listens: reads are answered from memory from
-	// the first. In a read transaction: a snapshot that takes no lock.
+	counter, err := sql.Open("sqlite3", readOnlyDSN(file.path))
+	if err != nil {
+		w.close()
+		return fail(err)
+	}
+	// A file damaged while the service was down is found before the
+	// first write; quick_check reads every page, so it runs on a
+	// connection of its own while the view loads (at 1,000,000 pets each
+	// takes about a second).
+	checked := make(chan error, 1)
+	if due {
+		checked <- nil // checked before the migration
+	} else {
+		go func() { checked <- quickCheck(counter) }()
+	}
+	go s.writeLoop(w, checked)
+	go s.countLoop(counter)
+	return s, nil
+}
+
+// startUp is the writer loop's first work, done while the service
+// already answers: at 1,000,000 pets it takes about a second, and
+// meanwhile the health check says "starting", reads wait for the view and
+// creates queue. It loads the view, takes quick_check's verdict, checks
+// what the service had acknowledged, and, on storage that looks full or
+// read-only, tries a write, so that the health check is true from its first "ok".
+func (s *petStore) startUp(w *batchWriter, checked <-chan error) *batchWriter {
+	defer close(s.ready)
+	// In a read transaction: a snapshot that takes no lock.
 	w.tx(context.Background(), w.beginRead, func() error {
 		s.load(w, "start")
 		return nil
 	})
+	s.storageFault(<-checked)
 	s.checkAcked(w)
-	// /healthz tells the truth from its first answer, on a full disk too.
 	if s.storageDoubtful() {
 		s.probeWrite(&w)
 	}
-	go s.writeLoop(w)
-	counter, err := sql.Open("sqlite3", readOnlyDSN(file.path))
-	if err != nil {
-		close(s.counted)
-		s.close()
-		return nil, err
-	}
-	go s.countLoop(counter)
-	return s, nil
+	return w
 }
 
 // inspect reads whose file this is and whether a migration is due. A
@@ -437,8 +488,12 @@ type petRow struct {
 }
 
 // catalogue is the view readers use, or why there is none: the lasting
-// fault that keeps it from loading, or a 503 that passes.
+// fault that keeps it from loading, or a fault that passes.
 func (s *petStore) catalogue() (*catalogue, error) {
+	if c := s.view.published.Load(); c != nil {
+		return c, nil
+	}
+	<-s.ready // the view is loaded at start (see startUp)
 	if c := s.view.published.Load(); c != nil {
 		return c, nil
 	}
@@ -588,7 +643,7 @@ const changeCountQuery = "SELECT inserted, changed, deleted FROM pets_changes"
 // published belongs to the writer loop.
 type view struct {
 	// published is what readers use; nil until a load has worked, and
-	// after one failed: reads then get a 503, never a view known to be
+	// after one failed: reads are then refused, never given a view known to be
 	// behind the file.
 	published atomic.Pointer[catalogue]
 	// master is the writer's copy, appended to and then published as a
@@ -617,7 +672,7 @@ func (v *view) publish() {
 // reflects, through the writer's connection. It runs inside a
 // transaction, so no commit falls between the two. A row it cannot
 // read means the file is damaged: there is then no view, and lists and
-// gets are answered 503 until the file is restored.
+// gets are refused until the file is restored.
 func loadCatalogue(ctx context.Context, q *sql.Conn) (*catalogue, changeCount, error) {
 	var known changeCount
 	if err := q.QueryRowContext(ctx, changeCountQuery).Scan(&known.inserted, &known.changed, &known.deleted); err != nil {
@@ -702,7 +757,7 @@ func (s *petStore) load(w *batchWriter, why string) {
 		err = s.storageFault(err)
 		v.published.Store(nil)
 		v.master, v.failedAt = nil, time.Now()
-		s.log.Warn("the in-memory view could not be loaded: lists and gets are answered 503 until it is; it is tried again every 10 s unless the file is damaged",
+		s.log.Warn("the in-memory view could not be loaded: lists and gets are refused until it is; it is tried again every 10 s unless the file is damaged",
 			"err", err.Error(), "db", s.file.path)
 		return
 	}
@@ -775,7 +830,7 @@ func (s *petStore) checkAcked(w *batchWriter) {
 	se := &storageError{kind: faultMissing, err: fmt.Errorf("the file has had %d pets inserted and holds ids up to %d, but the service had acknowledged %d inserted and ids up to %d",
 		s.view.known.inserted, held, inserted, top)}
 	s.lastingFault(se, "the database file lacks pets the service acknowledged before it stopped (its last commits were lost: storage that dropped pages, or an older copy put in its place); "+
-		"creates are refused and /healthz fails until it is repaired; the file's id sequence is raised above them. "+
+		"creates are refused and the health check fails until it is repaired; the file's id sequence is raised above them. "+
 		"Stop the service, then put back a copy that holds them (the Litestream replica) with petstore restore, "+
 		"or accept their loss with petstore restore of a petstore backup of this file (docs/operations.md: Pets missing from the file)",
 		"missing_pets", inserted-s.view.known.inserted, "missing_ids", fmt.Sprintf("%d-%d", held+1, max(top, held+1)))
@@ -871,7 +926,7 @@ const raiseSequenceSQL = `INSERT INTO sqlite_sequence (name, seq)
 // its own counts say were inserted and not deleted: rows lost with no
 // delete recorded (an outside SQLite older than 3.51.3 checkpointing
 // beside the service, a disk that dropped pages). It refuses creates and
-// fails /healthz until the file is repaired, and names the ids the file
+// fails the health check until the file is repaired, and names the ids the file
 // lacks: those up to its top id not among ids, ids deleted by hand
 // among them, in at most 100 ranges (more_ranges counts the rest).
 func (s *petStore) petsMissing(ids []int64, missing int64) {
@@ -895,7 +950,7 @@ func (s *petStore) petsMissing(ids []int64, missing int64) {
 	}
 	gap(next, s.view.highWater)
 	se := &storageError{kind: faultMissing, err: fmt.Errorf("the file holds %d pets, %d fewer than it recorded as inserted and not deleted", len(ids), missing)}
-	s.lastingFault(se, "acknowledged pets are missing from the database file: creates are refused and /healthz fails until it is repaired; "+
+	s.lastingFault(se, "acknowledged pets are missing from the database file: creates are refused and the health check fails until it is repaired; "+
 		"stop the service, then put back a copy that holds them (the Litestream replica, or the latest petstore backup that does) with petstore restore, "+
 		"or accept their loss with petstore restore of a petstore backup of this file (docs/operations.md: Pets missing from the file)",
 		"missing_pets", missing, "missing_ids", strings.Join(gaps, ","), "more_ranges", more)

@@ -134,8 +134,9 @@ const checkpointEvery = 200
 // checkpoints, and tries a write that stores nothing while a storage
 // fault is in force, to see it clear, or while the disk looks full or
 // read-only, to see it begin (see storageDoubtful).
-func (s *petStore) writeLoop(w *batchWriter) {
+func (s *petStore) writeLoop(w *batchWriter, checked <-chan error) {
 	defer close(s.queue.loopDone)
+	w = s.startUp(w, checked)
 	// A -wal laid at the path since the last look is moved aside before
 	// a stop, so the restart the log asks for does not replay it.
 	defer func() { s.keepIDs(w); s.keepInPlace(w); w.close() }()
@@ -322,7 +323,7 @@ func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []wr
 	s.view.add(added)
 	if len(added) > 0 {
 		// Before any 201. On a frozen filesystem the write waits as a
-		// commit does, and /healthz says so the same way.
+		// commit does, and the health check says so the same way.
 		s.commitStart.Store(time.Now().UnixNano())
 		s.file.noteAcked(s.view.known.inserted, s.view.highWater)
 		s.commitStart.Store(0)
