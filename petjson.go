@@ -269,100 +269,38 @@ func joinProblems(problems []string) string {
 
 // splitObject parses body as exactly one JSON object and returns its
 // members, unparsed. Duplicate keys and anything after the object are
-// errors. A valid body, which nearly every create sends, is split by
-// splitValid; a body that is not valid JSON is decoded once more, by
-// json.Decoder, only to say what is wrong with it.
+// errors. A valid body, which nearly every create sends, is walked token
+// by token for its members; one that is not valid JSON is decoded once
+// more, only to say what is wrong with it.
 func splitObject(body []byte) (map[string]json.RawMessage, error) {
-	if body[skipJSONSpace(body, 0)] != '{' {
+	if trimmed := bytes.TrimLeft(body, " \t\r\n"); trimmed[0] != '{' {
 		return nil, errors.New("request body must be a JSON object")
 	}
-	if json.Valid(body) {
-		return splitValid(body)
+	if !json.Valid(body) {
+		var first json.RawMessage
+		err := json.NewDecoder(bytes.NewReader(body)).Decode(&first)
+		switch {
+		case err == nil:
+			return nil, errors.New("request body has data after the JSON object; send exactly one object")
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return nil, errors.New("request body is not valid JSON: it ends before the object is complete")
+		}
+		return nil, fmt.Errorf("request body is not valid JSON: %v", err)
 	}
-	var first json.RawMessage
-	err := json.NewDecoder(bytes.NewReader(body)).Decode(&first)
-	switch {
-	case err == nil:
-		return nil, errors.New("request body has data after the JSON object; send exactly one object")
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return nil, errors.New("request body is not valid JSON: it ends before the object is complete")
-	}
-	return nil, fmt.Errorf("request body is not valid JSON: %v", err)
-}
-
-// splitValid is splitObject for a body that json.Valid accepts: one
-// JSON object and nothing after it, so only its members need finding,
-// never checking.
-func splitValid(body []byte) (map[string]json.RawMessage, error) {
+	// Valid: every token and value below decodes without an error.
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.Token() // {
 	fields := make(map[string]json.RawMessage, 3)
-	for i := skipJSONSpace(body, skipJSONSpace(body, 0)+1); body[i] != '}'; i = skipJSONSpace(body, i+1) {
-		end := endOfJSONValue(body, i)
-		var key string
-		decodeJSONString(body[i:end], &key)
-		start := skipJSONSpace(body, skipJSONSpace(body, end)+1) // past the colon
-		end = endOfJSONValue(body, start)
-		if _, dup := fields[key]; dup {
-			return nil, fmt.Errorf("field %s appears more than once", quoteValue(key))
+	for dec.More() {
+		key, _ := dec.Token()
+		var value json.RawMessage
+		dec.Decode(&value)
+		if _, dup := fields[key.(string)]; dup {
+			return nil, fmt.Errorf("field %s appears more than once", quoteValue(key.(string)))
 		}
-		fields[key] = body[start:end]
-		if i = skipJSONSpace(body, end); body[i] == '}' {
-			break
-		}
+		fields[key.(string)] = value
 	}
 	return fields, nil
-}
-
-// skipJSONSpace is the index of the first byte at or after i that is
-// not JSON whitespace.
-func skipJSONSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// endOfJSONValue is the index just past the valid JSON value at b[i].
-func endOfJSONValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		for j := i + 1; ; j++ {
-			if b[j] == '\\' {
-				j++ // the escaped byte
-			} else if b[j] == '"' {
-				return j + 1
-			}
-		}
-	case '{', '[':
-		depth := 0
-		for j := i; ; j++ {
-			switch b[j] {
-			case '"':
-				j = endOfJSONValue(b, j) - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return j + 1
-				}
-			}
-		}
-	}
-	// A number or a literal: up to the next delimiter.
-	j := i
-	for j < len(b) && !strings.ContainsRune(",}] \t\n\r", rune(b[j])) {
-		j++
-	}
-	return j
-}
-
-// decodeJSONString decodes a valid JSON string: a copy of its bytes when
-// it has no escapes, else through json.Unmarshal.
-func decodeJSONString(raw []byte, s *string) error {
-	if bytes.IndexByte(raw, '\\') < 0 {
-		*s = string(raw[1 : len(raw)-1])
-		return nil
-	}
-	return json.Unmarshal(raw, s)
 }
 
 // isNull reports whether a member is absent or JSON null.
@@ -375,7 +313,7 @@ func decodeName(raw json.RawMessage, name *string) string {
 	if isNull(raw) {
 		return "name is required"
 	}
-	if raw[0] != '"' || decodeJSONString(raw, name) != nil {
+	if raw[0] != '"' || json.Unmarshal(raw, name) != nil {
 		return "name must be a string"
 	}
 	if loneSurrogates(raw, *name) {
@@ -453,7 +391,7 @@ func decodeStatus(raw json.RawMessage, status *string) string {
 	switch {
 	case raw == nil:
 		return ""
-	case raw[0] != '"' || decodeJSONString(raw, &s) != nil:
+	case raw[0] != '"' || json.Unmarshal(raw, &s) != nil:
 		return want + ", got " + jsonKind(raw)
 	case !slices.Contains(petStatuses, s):
 		return want + ", got " + quoteValue(s) // the value, not its JSON: quoted once
