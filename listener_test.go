@@ -240,17 +240,9 @@ func BenchmarkFreshClient(b *testing.B) {
 	waitFor(t, patience, "22,000 connections dialled", func() bool { return total() >= 22000 })
 
 	fresh := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 2, 0, 1)}}
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: fresh.DialContext, DisableKeepAlives: true}}
-	answered, slowest := 0, time.Duration(0)
-	for range 10 {
-		start := time.Now()
-		if r := send(t, base, call{method: "GET", path: "/healthz", client: client}); r.status == 200 {
-			answered++
-			slowest = max(slowest, time.Since(start))
-		} else {
-			t.Logf("probe: %v after %s", r.err, time.Since(start))
-		}
-	}
+	answered, slowest := probeFresh(t, base, "/healthz", func(int) *http.Client {
+		return &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: fresh.DialContext, DisableKeepAlives: true}}
+	})
 	if answered < 9 {
 		t.Errorf("a client from a fresh address was answered within 1 s %d times of 10, want at least 9", answered)
 	}
@@ -453,15 +445,46 @@ func TestHTTP2AtTheCap(t *testing.T) {
 		t.Errorf("%d of 50 creates answered 201, %d stored, on %d connections; want 50, 50, 1", created, stored, dials.Load())
 	}
 
-	// 20 silent connections from 20 addresses, redialled when closed.
-	stopSilent := make(chan struct{})
-	defer close(stopSilent)
-	for i := range 20 {
+	stopSilent := silentConnections(host, 20)
+	defer stopSilent()
+	slow := delayingProxy(t, host, 600*time.Millisecond)
+	distant := &http.Client{Timeout: patience, Transport: &http.Transport{
+		ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}}}
+	start := time.Now()
+	r := send(t, "https://"+slow, call{method: "GET", path: "/v1/pets?limit=1", client: distant})
+	t.Logf("a client 1.2 s away, among 20 silent connections: %d after %s", r.status, time.Since(start).Round(time.Millisecond))
+	if r.status != 200 {
+		t.Errorf("the distant client: %d (%v), want 200", r.status, r.err)
+	}
+}
+
+// probeFresh sends a GET of path 10 times, each with the client made for
+// its turn (a 1 s timeout, its own address), and returns how many were
+// answered 200 within that time, and the slowest of those.
+func probeFresh(t testing.TB, base, path string, client func(i int) *http.Client) (answered int, slowest time.Duration) {
+	for i := range 10 {
+		start := time.Now()
+		if r := send(t, base, call{method: "GET", path: path, client: client(i)}); r.status == 200 {
+			answered++
+			slowest = max(slowest, time.Since(start))
+		} else {
+			t.Logf("probe: %v after %s", r.err, time.Since(start))
+		}
+	}
+	return answered, slowest
+}
+
+// silentConnections keeps n connections to host open that send nothing,
+// from n addresses (127.3.0.x), each redialled when the service closes
+// it, until stop.
+func silentConnections(host string, n int) (stop func()) {
+	done := make(chan struct{})
+	for i := range n {
 		go func() {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 3, 0, byte(i+1))}}
 			for {
 				select {
-				case <-stopSilent:
+				case <-done:
 					return
 				default:
 				}
@@ -473,15 +496,7 @@ func TestHTTP2AtTheCap(t *testing.T) {
 			}
 		}()
 	}
-	slow := delayingProxy(t, host, 600*time.Millisecond)
-	distant := &http.Client{Timeout: patience, Transport: &http.Transport{
-		ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}}}
-	start := time.Now()
-	r := send(t, "https://"+slow, call{method: "GET", path: "/v1/pets?limit=1", client: distant})
-	t.Logf("a client 1.2 s away, among 20 silent connections: %d after %s", r.status, time.Since(start).Round(time.Millisecond))
-	if r.status != 200 {
-		t.Errorf("the distant client: %d (%v), want 200", r.status, r.err)
-	}
+	return sync.OnceFunc(func() { close(done) })
 }
 
 // delayingProxy forwards connections to target, each byte arriving delay
@@ -551,38 +566,13 @@ func BenchmarkFreshClientHTTP2(b *testing.B) {
 	tlsArgs := []string{"-tls-cert", certFile, "-tls-key", keyFile}
 	base, _ := startBinary(t, nil, append([]string{"-max-conns", "4", "-db", filepath.Join(dir, "a.db")}, tlsArgs...), nil)
 	host := strings.TrimPrefix(base, "https://")
-	stop := make(chan struct{})
-	for i := range 20 {
-		go func() {
-			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 3, 0, byte(i+1))}}
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if c, err := d.Dial("tcp", host); err == nil {
-					c.SetReadDeadline(time.Now().Add(patience))
-					c.Read(make([]byte, 1)) // until the service closes it
-					c.Close()
-				}
-			}
-		}()
-	}
-	answered, slowest := 0, time.Duration(0)
-	for i := range 10 {
+	stopSilent := silentConnections(host, 20)
+	answered, slowest := probeFresh(t, base, "/v1/pets?limit=1", func(i int) *http.Client {
 		fresh := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 5, 0, byte(i+1))}}
-		client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: fresh.DialContext,
+		return &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: fresh.DialContext,
 			ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: pool}}}
-		start := time.Now()
-		if r := send(t, base, call{method: "GET", path: "/v1/pets?limit=1", client: client}); r.status == 200 {
-			answered++
-			slowest = max(slowest, time.Since(start))
-		} else {
-			t.Logf("probe: %v after %s", r.err, time.Since(start))
-		}
-	}
-	close(stop)
+	})
+	stopSilent()
 	if answered < 9 {
 		t.Errorf("a fresh HTTP/2 client among 20 silent connections was answered within 1 s %d times of 10, want at least 9", answered)
 	}
@@ -652,18 +642,10 @@ func BenchmarkFreshClientLowLimit(b *testing.B) {
 		}()
 	}
 	waitFor(t, patience, "700 requests sent", func() bool { return sent.Load() == 700 })
-	answered, slowest := 0, time.Duration(0)
-	for i := range 10 {
+	answered, slowest := probeFresh(t, base, "/healthz", func(i int) *http.Client {
 		other := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 6, 0, byte(i+1))}}
-		client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: other.DialContext, DisableKeepAlives: true}}
-		start := time.Now()
-		if r := send(t, base, call{method: "GET", path: "/healthz", client: client}); r.status == 200 {
-			answered++
-			slowest = max(slowest, time.Since(start))
-		} else {
-			t.Logf("probe: %v after %s", r.err, time.Since(start))
-		}
-	}
+		return &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: other.DialContext, DisableKeepAlives: true}}
+	})
 	if answered < 9 {
 		t.Errorf("at 512 descriptors, beside 700 connections from one address, a client from another was answered within 1 s %d times of 10, want at least 9", answered)
 	}
