@@ -288,6 +288,27 @@ func TestRawBodies(t *testing.T) {
 		})
 	}
 	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets"}), 200, nil, `[]`)
+
+	// With the default write timeout (a create deadline of 28 s), a body
+	// over the limit that stalls is read off until -read-timeout, no
+	// longer: the build before answered it after 28 s.
+	svc = startService(t, nil, "-read-timeout", "1s")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(svc.url, "http://"))
+	must(t, err)
+	defer conn.Close()
+	sent := time.Now()
+	fmt.Fprintf(conn, "POST /v1/pets HTTP/1.1\r\nHost: petstore\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n%s",
+		testKey, strings.Repeat("x", 20<<10))
+	conn.SetReadDeadline(time.Now().Add(patience))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("a stalled body over the limit: no answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	checkReply(t, reply{status: resp.StatusCode, header: resp.Header, body: b}, 413, nil, tooLarge)
+	if took := time.Since(sent); took > 10*time.Second {
+		t.Errorf("a stalled body over the limit was answered after %s, want about -read-timeout (1s), far below the create deadline (28 s)", took.Round(time.Millisecond))
+	}
 }
 
 func TestListPets(t *testing.T) {
