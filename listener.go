@@ -74,9 +74,10 @@ var http2Config = &http.HTTP2Config{
 // progress while any of them is.
 //
 // At most maxParked wait (the descriptors the served leave, up to
-// 32,768). When that many do, and the oldest has waited silentAfter, a
-// newcomer takes the place of its own address's oldest parked
-// connection, or, from an address with none, of the oldest of all. At
+// 32,768). When that many do, a newcomer takes the place of the oldest
+// that has sent nothing, or, where all have and the oldest has waited
+// shedAfter, of its own address's oldest parked connection, or, from an
+// address with none, of the oldest of all. At
 // most one WARN line a minute says the cap is full, with how many were
 // closed or gave their place.
 type limitListener struct {
@@ -123,11 +124,13 @@ func newLimitListener(ln net.Listener, maxConns int, firstRequestWithin time.Dur
 func (l *limitListener) acceptLoop() {
 	failures := newLogLimiter(time.Minute, 1, 0)
 	for {
-		// With the parking full, a newcomer takes a parked connection's
-		// place (see park), but only once the oldest has waited
-		// silentAfter: until then, the parked are being served in turn.
+		// With the parking full, a newcomer takes the place of a parked
+		// connection that has sent nothing, or, where all have, of one
+		// that has waited shedAfter (see park): until then, they are
+		// served in turn, and a request sent is not lost.
 		l.mu.Lock()
-		full := l.parked.Len() >= max(1, l.maxParked) && time.Since(l.parked.Front().Value.(*limitedConn).since) <= silentAfter
+		full := l.parked.Len() >= max(1, l.maxParked) && l.oldestSilent() == nil &&
+			time.Since(l.parked.Front().Value.(*limitedConn).since) <= shedAfter
 		l.mu.Unlock()
 		if full {
 			time.Sleep(recheckEvery) // for a slot, with no descriptor to park on
@@ -154,19 +157,25 @@ func (l *limitListener) acceptLoop() {
 func (l *limitListener) park(c *limitedConn) {
 	c.address, _, _ = net.SplitHostPort(c.RemoteAddr().String())
 	l.mu.Lock()
+	select {
+	case <-l.closed: // Close has swept the parking already, or will not find c
+		l.mu.Unlock()
+		c.Conn.Close()
+		return
+	default:
+	}
 	// The one shed goes first: were it its address's last, the address
 	// leaves the round, and c must then bring it back.
-	var shed *list.Element
+	var shed *limitedConn
 	if l.parked.Len() >= max(1, l.maxParked) {
-		if a := l.byAddress[c.address]; a != nil {
-			shed = a.conns.Front()
+		shed = l.oldestSilent()
+		if a := l.byAddress[c.address]; shed == nil && a != nil {
+			shed = a.conns.Front().Value.(*limitedConn)
 		}
 		if shed == nil {
-			shed = l.parked.Front()
+			shed = l.parked.Front().Value.(*limitedConn)
 		}
-	}
-	if shed != nil {
-		l.evict(shed.Value.(*limitedConn))
+		l.evict(shed)
 		l.noteClosedForRoom()
 	}
 	a := l.byAddress[c.address]
@@ -181,9 +190,33 @@ func (l *limitListener) park(c *limitedConn) {
 	l.mu.Unlock()
 	l.signal()
 	if shed != nil {
-		shed.Value.(*limitedConn).Conn.Close()
+		shed.Conn.Close()
 	}
 }
+
+// oldestSilent is the oldest parked connection that has sent nothing
+// silentAfter after it was parked, of the maxPeeks oldest, or nil: the
+// one to close first for room, as it loses nothing. l.mu is held.
+func (l *limitListener) oldestSilent() *limitedConn {
+	e := l.parked.Front()
+	for range min(maxPeeks, l.parked.Len()) {
+		c := e.Value.(*limitedConn)
+		if time.Since(c.since) <= silentAfter {
+			return nil // the rest are younger still
+		}
+		if !c.sentSomething() {
+			return c
+		}
+		e = e.Next()
+	}
+	return nil
+}
+
+// shedAfter is how long the oldest parked connection, when every one
+// parked has sent its request, waits for its turn before a newcomer may
+// take its place, losing that request: past it, the parked are not being
+// served in turn, and the listen queue must not fill.
+const shedAfter = 2 * time.Second
 
 // nextTurn takes the oldest parked connection of the address a, and
 // puts the address at the back of the round. l.mu is held.
@@ -198,9 +231,12 @@ func (l *limitListener) nextTurn(a *parkedAddress) *limitedConn {
 
 // readyAddress is the first address in the round whose oldest parked
 // connection has sent something (a request, a TLS hello), of the first
-// maxPeeks looked at, or nil; those passed over go to the back of the
-// round. A real client sends with its connection: only such a one is
-// worth closing another for. l.mu is held.
+// maxPeeks looked at, and otherwise the address of the newest parked
+// connection that has, of the maxPeeks newest; nil if none has. Those
+// passed over in the round go to its back. A real client sends with its
+// connection: only such a one is worth closing another for, and a new
+// one among thousands of silent connections is found at once. l.mu is
+// held.
 func (l *limitListener) readyAddress() *parkedAddress {
 	for range min(maxPeeks, l.turns.Len()) {
 		a := l.turns.Front().Value.(*parkedAddress)
@@ -209,11 +245,22 @@ func (l *limitListener) readyAddress() *parkedAddress {
 		}
 		l.turns.MoveToBack(a.turn)
 	}
+	e := l.parked.Back()
+	for range min(maxPeeks, l.parked.Len()) {
+		if c := e.Value.(*limitedConn); c.sentSomething() {
+			// Its own, not its address's oldest: that one is silent.
+			a := l.byAddress[c.address]
+			a.conns.MoveToFront(c.parkedAt)
+			return a
+		}
+		e = e.Prev()
+	}
 	return nil
 }
 
-// maxPeeks bounds the parked connections looked at for one turn.
-const maxPeeks = 32
+// maxPeeks bounds the parked connections looked at for one turn, twice:
+// a peek is a system call made with l.mu held.
+const maxPeeks = 256
 
 // Accept hands the http.Server a parked connection in its turn: the
 // next one that has sent something, once a slot is free or made free,
@@ -270,7 +317,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 // handed to the server (a real client sends its request, or its TLS
 // hello, with the connection), the oldest first; one that sent something
 // but began no request within firstRequestWithin; then the one idle
-// longest between requests, once idle for silentAfter. l.mu is held.
+// longest between requests, once idle for lingerIdle. l.mu is held.
 func (l *limitListener) victim() *limitedConn {
 	now := time.Now()
 	for e := l.fresh.Front(); e != nil && now.Sub(e.Value.(*limitedConn).since) > silentAfter; e = l.fresh.Front() {
@@ -283,18 +330,22 @@ func (l *limitListener) victim() *limitedConn {
 	if e := l.starting.Front(); e != nil && now.Sub(e.Value.(*limitedConn).since) > l.firstRequestWithin {
 		return e.Value.(*limitedConn)
 	}
-	if e := l.idle.Front(); e != nil && now.Sub(e.Value.(*limitedConn).since) > silentAfter {
+	if e := l.idle.Front(); e != nil && now.Sub(e.Value.(*limitedConn).since) > lingerIdle {
 		return e.Value.(*limitedConn)
 	}
 	return nil
 }
 
 // silentAfter is how long a new connection may stay silent before it can
-// be closed for a turn (a real client's first bytes come with its
+// be closed for a turn: a real client's first bytes come with its
 // connection, a round trip after its SYN, and those are counted from the
-// service's accept), and how long one stays idle before it can be: its
-// last answer, on its way to a distant client, is not reset by a close.
+// service's accept.
 const silentAfter = 500 * time.Millisecond
+
+// lingerIdle is how long a connection stays idle before it can be closed
+// for a turn, so that its last answer, on its way to a distant client, is
+// not reset by the close.
+const lingerIdle = 250 * time.Millisecond
 
 // recheckEvery is how often the listener looks again for a victim while
 // connections wait for a turn, and for a descriptor when it has none.
@@ -397,6 +448,8 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 
 // sentSomething tells, without reading it, whether the client has sent
 // anything on c (or closed it): a peek at the socket, which never waits.
+// Only for a parked c: for a served one, the peek would wait for the
+// server's own read to return.
 func (c *limitedConn) sentSomething() bool {
 	sc, ok := c.Conn.(syscall.Conn)
 	if !ok {

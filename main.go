@@ -23,13 +23,16 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintf(os.Stderr, "petstore: %v\n", err)
+		if !errors.As(err, new(loggedError)) {
+			fmt.Fprintf(os.Stderr, "petstore: %v\n", err)
+		}
 		stop()
 		os.Exit(1)
 	}
@@ -83,16 +86,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		log.Warn("environment variable not read by petstore: it has no effect", "name", name)
 	}
 	var terminal io.Writer // nil: the log is not read by a person at a terminal
-	if f, ok := stderr.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			terminal = logOut // in line with the log's own lines
-		}
+	if f, ok := stderr.(*os.File); ok && isTerminal(f) {
+		terminal = logOut // in line with the log's own lines
 	}
 	svc, err := newService(cfg, getenv, log, terminal)
-	if err != nil {
-		return err
+	if err == nil {
+		err = svc.serve(ctx)
 	}
-	return svc.serve(ctx)
+	if err != nil && cfg.logFormat == "json" {
+		// Every line is JSON: the error is logged here, not printed.
+		log.Error("petstore stopped on an error", "err", err.Error())
+		return loggedError{err}
+	}
+	return err
 }
 
 // runBackup is "petstore backup [-db FILE] BACKUP-FILE", or, for
@@ -182,6 +188,18 @@ func runRestore(ctx context.Context, args []string, getenv func(string) string, 
 	return nil
 }
 
+// loggedError is an error run has already written to the log.
+type loggedError struct{ error }
+
+// isTerminal reports whether f is a terminal: a person reads it, and no
+// log keeps it (a character device need not be one: /dev/null, the
+// kernel's log). Only a terminal has a window size.
+func isTerminal(f *os.File) bool {
+	var size [4]uint16
+	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TIOCGWINSZ, uintptr(unsafe.Pointer(&size)))
+	return errno == 0
+}
+
 // versionLine describes the build, from what the Go toolchain recorded in
 // the binary: the module version and the VCS revision, time and state.
 func versionLine() string {
@@ -230,9 +248,12 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, termin
 		// A key made up for this run, shown only to a person at a
 		// terminal: a log kept by journald or in a file would keep it.
 		key := generateAPIKey()
-		if terminal != nil {
+		switch {
+		case terminal != nil && cfg.logFormat == "json":
+			log.Warn("no API key configured (PETSTORE_API_KEYS); using the generated key, which changes on every start", "generated_key", key)
+		case terminal != nil:
 			fmt.Fprintf(terminal, "WARNING: no API key configured (PETSTORE_API_KEYS); using this generated key, which changes on every start:\n\n    %s\n\n", key)
-		} else {
+		default:
 			log.Warn("no API key configured (PETSTORE_API_KEYS, -api-keys-file): every request under /v1 is refused until one is; a key generated for this run is shown only at a terminal (petstore keygen makes one to configure)")
 		}
 		digests = []keyDigest{digestOf(key)}

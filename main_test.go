@@ -101,6 +101,23 @@ func TestNoKeyWithoutATerminal(t *testing.T) {
 	if warned != 1 {
 		t.Errorf("%d WARN lines about the missing key, want 1:\n%s", warned, logs)
 	}
+
+	// A start that fails says so in JSON too, and exits 1.
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer busy.Close()
+	cmd = exec.Command(petstoreBinary(t), "-log-format", "json", "-addr", busy.Addr().String(), "-db", filepath.Join(t.TempDir(), "pets.db"))
+	cmd.Env = binaryEnv()
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Errorf("a start on a busy port: %v, want exit status 1", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if !json.Valid([]byte(line)) || !strings.Contains(string(out), `"msg":"petstore stopped on an error","err":"listen on `) {
+			t.Errorf("a start on a busy port wrote %q, want JSON lines, one naming the error", line)
+		}
+	}
 }
 
 func TestRunFailures(t *testing.T) {
