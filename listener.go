@@ -447,7 +447,7 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 }
 
 // sentSomething tells, without reading it, whether the client has sent
-// anything on c (or closed it): a peek at the socket, which never waits.
+// anything on c: a peek at the socket, which never waits.
 // Only for a parked c: for a served one, the peek would wait for the
 // server's own read to return.
 func (c *limitedConn) sentSomething() bool {
@@ -459,12 +459,12 @@ func (c *limitedConn) sentSomething() bool {
 	if err != nil {
 		return true
 	}
-	sent := true
+	sent := false
 	raw.Read(func(fd uintptr) bool {
 		var b [1]byte
-		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		sent = err != syscall.EAGAIN && err != syscall.EWOULDBLOCK
-		return true // done: do not wait for it to become readable
+		n, _, _ := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		sent = n > 0 // not a client that closed (0) or reset (an error): no one to serve
+		return true  // done: do not wait for it to become readable
 	})
 	return sent
 }

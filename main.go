@@ -67,6 +67,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
+	if err != nil && cfg.logFormat == "json" {
+		// Every line is JSON, a refused flag's too, once the format is known.
+		newLogger(stderr, "json", slog.LevelInfo).Error("petstore could not start", "err", err.Error())
+		return loggedError{err}
+	}
 	if err != nil {
 		return err
 	}
@@ -195,8 +200,15 @@ type loggedError struct{ error }
 // log keeps it (a character device need not be one: /dev/null, the
 // kernel's log). Only a terminal has a window size.
 func isTerminal(f *os.File) bool {
-	var size [4]uint16
-	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TIOCGWINSZ, uintptr(unsafe.Pointer(&size)))
+	raw, err := f.SyscallConn() // not f.Fd(), which makes the file blocking
+	if err != nil {
+		return false
+	}
+	var errno syscall.Errno = syscall.ENOTTY
+	raw.Control(func(fd uintptr) {
+		var size [4]uint16
+		_, _, errno = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCGWINSZ, uintptr(unsafe.Pointer(&size)))
+	})
 	return errno == 0
 }
 
@@ -328,12 +340,12 @@ func (s *service) serve(ctx context.Context) error {
 	// Requests are answered from here on; the line that says where waits
 	// for the store's start-up (/healthz answers 503 "starting" until
 	// then), so a script or a test that waits for it finds the service
-	// ready.
+	// ready. A stop meanwhile waits for the start-up to end.
 	select {
 	case <-s.store.ready:
+		s.log.Info("listening", "addr", s.url(), "db", s.cfg.db)
 	case <-ctx.Done():
 	}
-	s.log.Info("listening", "addr", s.url(), "db", s.cfg.db)
 	select {
 	case err := <-serveErr:
 		return fmt.Errorf("serve: %w", err)
@@ -485,6 +497,7 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		fs.PrintDefaults()
 		return c, err
 	case err != nil:
+		c.logFormat = *logFormat // as far as it was read: the error's format
 		return c, explainFlagError("petstore", err)
 	case fs.NArg() > 0:
 		return c, fmt.Errorf("unexpected argument %q (commands: backup, restore, keygen)", fs.Arg(0))

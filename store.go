@@ -364,7 +364,12 @@ func (s *petStore) startUp(w *batchWriter, checked <-chan error) *batchWriter {
 		s.load(w, "start")
 		return nil
 	})
-	s.storageFault(<-checked)
+	if err := s.storageFault(<-checked); err != nil && s.lasting.Load() == nil {
+		// A passing cause (a lock held for longer than the busy timeout):
+		// the file goes unchecked until the next start, and the log says
+		// so.
+		s.log.Warn("quick_check could not run at start: the database file was not checked for damage", "err", err.Error(), "db", s.file.path)
+	}
 	s.checkAcked(w)
 	if s.storageDoubtful() {
 		s.probeWrite(&w)
@@ -822,7 +827,9 @@ func (s *petStore) checkAcked(w *batchWriter) {
 	if !ok || s.view.master == nil || (s.view.known.inserted >= inserted && s.view.highWater >= top) {
 		return
 	}
-	w.raiseSequence(top)
+	if s.lasting.Load() == nil { // a damaged file is not written on
+		w.raiseSequence(top)
+	}
 	held := int64(0) // the highest id the file holds (its sequence is raised)
 	if ids := s.view.master.ids; len(ids) > 0 {
 		held = ids[len(ids)-1]

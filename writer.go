@@ -250,6 +250,11 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	// Inside the transaction, before its inserts: the view catches up
 	// with any outside change, and a file that went back is refused.
 	results, err := w.commit(batch, func() error { return s.catchUp(w) }, s.view.highWater)
+	if err == nil {
+		// Before any 201, inside the stall's watch: on a frozen
+		// filesystem this write waits as a commit does.
+		s.noteAcked(results)
+	}
 	s.commitStart.Store(0)
 	if !stalled.Stop() {
 		s.log.Warn("the stalled commit ended", "took", time.Since(start).Round(time.Millisecond).String(), "committed", err == nil, "db", s.file.path)
@@ -321,18 +326,27 @@ func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []wr
 		w.commits++
 	}
 	s.view.add(added)
-	if len(added) > 0 {
-		// Before any 201. On a frozen filesystem the write waits as a
-		// commit does, and the health check says so the same way.
-		s.commitStart.Store(time.Now().UnixNano())
-		s.file.noteAcked(s.view.known.inserted, s.view.highWater)
-		s.commitStart.Store(0)
-	}
 	for i, r := range batch {
 		r.done <- results[i]
 	}
 	if w.commits >= checkpointEvery {
 		s.checkpoint(w)
+	}
+}
+
+// noteAcked records a committed batch's new pets in the -acked record
+// (see ackedSuffix) before any of them is answered. Without a view the
+// file's counts are not known, and the record is left as it was rather
+// than made blind.
+func (s *petStore) noteAcked(results []writeResult) {
+	added, top := int64(0), s.view.highWater
+	for _, r := range results {
+		if r.err == nil && !r.replayed {
+			added, top = added+1, max(top, r.pet.ID)
+		}
+	}
+	if added > 0 && s.view.master != nil {
+		s.file.noteAcked(s.view.known.inserted+added, top)
 	}
 }
 
