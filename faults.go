@@ -75,7 +75,7 @@ func (e *storageError) Error() string { return e.kind.message() + ": " + e.err.E
 func (e *storageError) Unwrap() error { return e.err }
 
 // classifyFault tells whether err comes from the storage rather than from
-// the service, and which fault it is. Unknown errors stay unknown (500).
+// the service, and which fault it is. Unknown errors stay unknown.
 func classifyFault(err error) (faultKind, bool) {
 	var se *storageError
 	if errors.As(err, &se) {

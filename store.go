@@ -519,7 +519,7 @@ func (s *petStore) getPet(id int64, fn func(*petRow)) error {
 	}
 	// A file that cannot be read whole (an I/O error, damage), or that
 	// lost pets it held, may hold the pet it did not give: that is no
-	// answer to give a client as a 404.
+	// answer to give as "not found".
 	if f := s.lasting.Load(); f != nil && (f.kind == faultIO || f.kind == faultDamaged || f.kind >= faultWentBack) {
 		return f
 	}
