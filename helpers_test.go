@@ -31,6 +31,7 @@ const testKey = "test-key-4f1d2c-9a7e5b3c"
 // run starts it: the store is there for the tests that look inside.
 type testService struct {
 	url   string
+	ln    *limitListener
 	api   *server
 	store *petStore
 	log   *syncBuffer
@@ -66,7 +67,7 @@ func startService(t testing.TB, env map[string]string, args ...string) *testServ
 		}
 	})
 	t.Cleanup(stop)
-	return &testService{url: svc.url(), api: svc.api, store: svc.store, log: logs, stop: stop}
+	return &testService{url: svc.url(), ln: svc.ln, api: svc.api, store: svc.store, log: logs, stop: stop}
 }
 
 // call is one request a test sends. It carries the test key unless

@@ -177,6 +177,13 @@ func TestConnectionCap(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		silent = append(silent, c)
 	}
+	// All four are being served before the client comes: a slot still
+	// free would be its own, and no one would be closed for it.
+	waitFor(t, patience, "the 4 silent connections served", func() bool {
+		svc.ln.mu.Lock()
+		defer svc.ln.mu.Unlock()
+		return svc.ln.open == 4 && svc.ln.parked.Len() == 0
+	})
 	client := &http.Client{Transport: &http.Transport{}, Timeout: patience}
 	checkReply(t, send(t, svc.url, call{method: "GET", path: "/v1/pets", client: client}), 200, nil, "[]")
 	silent[0].SetReadDeadline(time.Now().Add(patience))
