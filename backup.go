@@ -109,7 +109,7 @@ func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 		return 0, fmt.Errorf("check backup: %w", err)
 	}
 	if appID != petstoreApplicationID {
-		return 0, fmt.Errorf("check backup: not a petstore database (SQLite application_id %#x)", appID)
+		return 0, fmt.Errorf("check backup: %w (SQLite application_id %#x)", errNotPetstore, appID)
 	}
 	var check string
 	if err := out.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&check); err != nil {

@@ -416,8 +416,8 @@ func (s *petStore) saveVanished(w *batchWriter, which string) bool {
 		s.lastingFault(se, vanished+"its pets could not be saved: fetch the pets the service still lists before you stop it", "save_err", err.Error())
 		return false
 	}
-	s.lastingFault(se, vanished+"every pet it holds is saved: stop the service, put them back with the command given, then start it",
-		"saved", saved, "command", "petstore restore -from "+saved+" -db "+s.file.path)
+	s.lastingFault(se, vanished+"every pet it holds is saved to the file named saved: stop the service, restore that file in place of the database, then start it (docs/operations.md: The operator contract)",
+		"saved", saved)
 	return true
 }
 

@@ -289,6 +289,9 @@ func newService(cfg config, getenv func(string) string, log *slog.Logger, termin
 	s.ln = newLimitListener(tcpLn, cfg.maxConns, cfg.readHeaderTimeout, log)
 	if s.store, err = openStore(cfg.db, log); err != nil {
 		s.ln.Close()
+		if errors.Is(err, errNotPetstore) {
+			err = fmt.Errorf("%w; use another -db file", err)
+		}
 		return nil, err
 	}
 	s.api = &server{store: s.store, keys: s.keys, log: log, corsOrigins: cfg.corsOrigins,

@@ -129,6 +129,8 @@ func TestRunFailures(t *testing.T) {
 	os.WriteFile(corrupt, bytes.Repeat([]byte("not a database "), 500), 0o600)
 	certFile, keyFile, _ := writeTestCertificate(t, dir)
 	missing := filepath.Join(dir, "missing.db")
+	foreign := filepath.Join(dir, "foreign.db")
+	sqlExec(t, foreign, "CREATE TABLE notes (text TEXT)")
 	env := map[string]string{"PETSTORE_API_KEYS": testKey}
 
 	tests := []struct {
@@ -139,6 +141,7 @@ func TestRunFailures(t *testing.T) {
 	}{
 		{"busy port", []string{"-addr", busy.Addr().String(), "-db", filepath.Join(dir, "a.db")}, env, "listen on " + busy.Addr().String() + ": listen tcp " + busy.Addr().String() + ": bind: address already in use"},
 		{"corrupt database", []string{"-addr", "127.0.0.1:0", "-db", corrupt}, env, "open database " + corrupt + ": file is not a database"},
+		{"another application's file", []string{"-addr", "127.0.0.1:0", "-db", foreign}, env, "open database " + foreign + ": not a petstore database: it holds tables petstore did not make (notes); use another -db file"},
 		{"database in a missing directory", []string{"-addr", "127.0.0.1:0", "-db", filepath.Join(dir, "no", "such.db")}, env, "open database: open " + filepath.Join(dir, "no", "such.db") + ": no such file or directory"},
 		{"unknown flag", []string{"-nope"}, env, "unknown flag -nope (petstore -h lists them)"},
 		{"an unknown backup flag", []string{"backup", "-bd", "x", "y"}, env, "backup: unknown flag -bd (petstore backup -h lists them)"},

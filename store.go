@@ -57,6 +57,9 @@ var (
 	// errIdempotencyKeyReused: the Idempotency-Key already created a pet
 	// from a different request.
 	errIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
+	// errNotPetstore: the file is another application's, and is left
+	// untouched.
+	errNotPetstore = errors.New("not a petstore database")
 )
 
 // migrations[i] moves a database from schema version i to i+1. The version
@@ -393,7 +396,7 @@ func inspect(path string) (migrationDue bool, err error) {
 		return false, err
 	}
 	if appID != petstoreApplicationID && appID != 0 {
-		return false, fmt.Errorf("not a petstore database: it belongs to another application (SQLite application_id %#x); use another -db file", appID)
+		return false, fmt.Errorf("%w: it belongs to another application (SQLite application_id %#x)", errNotPetstore, appID)
 	}
 	if appID == 0 {
 		// An unmarked file is an earlier petstore's only if it holds
@@ -404,7 +407,7 @@ func inspect(path string) (migrationDue bool, err error) {
 			return false, err
 		}
 		if foreign != "" {
-			return false, fmt.Errorf("not a petstore database: it holds tables petstore did not make (%s); use another -db file", foreign)
+			return false, fmt.Errorf("%w: it holds tables petstore did not make (%s)", errNotPetstore, foreign)
 		}
 		// An earlier petstore's file, unmarked: its pets table must be the
 		// one that version made, or the migrations would change (and
@@ -420,7 +423,7 @@ func inspect(path string) (migrationDue bool, err error) {
 				return false, err
 			}
 			if got != want {
-				return false, fmt.Errorf("not a petstore database: its pets table has the columns (%s), not petstore's (%s); use another -db file", got, want)
+				return false, fmt.Errorf("%w: its pets table has the columns (%s), not petstore's (%s)", errNotPetstore, got, want)
 			}
 		}
 	}
@@ -838,8 +841,8 @@ func (s *petStore) checkAcked(w *batchWriter) {
 		s.view.known.inserted, held, inserted, top)}
 	s.lastingFault(se, "the database file lacks pets the service acknowledged before it stopped (its last commits were lost: storage that dropped pages, or an older copy put in its place); "+
 		"creates are refused and the health check fails until it is repaired; the file's id sequence is raised above them. "+
-		"Stop the service, then put back a copy that holds them (the Litestream replica) with petstore restore, "+
-		"or accept their loss with petstore restore of a petstore backup of this file (docs/operations.md: Pets missing from the file)",
+		"Stop the service, then restore a copy that holds them (the Litestream replica), "+
+		"or accept their loss by restoring a backup of this file (docs/operations.md: Pets missing from the file)",
 		"missing_pets", inserted-s.view.known.inserted, "missing_ids", fmt.Sprintf("%d-%d", held+1, max(top, held+1)))
 }
 
@@ -958,7 +961,7 @@ func (s *petStore) petsMissing(ids []int64, missing int64) {
 	gap(next, s.view.highWater)
 	se := &storageError{kind: faultMissing, err: fmt.Errorf("the file holds %d pets, %d fewer than it recorded as inserted and not deleted", len(ids), missing)}
 	s.lastingFault(se, "acknowledged pets are missing from the database file: creates are refused and the health check fails until it is repaired; "+
-		"stop the service, then put back a copy that holds them (the Litestream replica, or the latest petstore backup that does) with petstore restore, "+
-		"or accept their loss with petstore restore of a petstore backup of this file (docs/operations.md: Pets missing from the file)",
+		"stop the service, then restore a copy that holds them (the Litestream replica, or the latest backup that does), "+
+		"or accept their loss by restoring a backup of this file (docs/operations.md: Pets missing from the file)",
 		"missing_pets", missing, "missing_ids", strings.Join(gaps, ","), "more_ranges", more)
 }

@@ -95,15 +95,15 @@ func TestForeignFiles(t *testing.T) {
 		name, wantErr string
 		sqls          []string
 	}{
-		{"another application", "not a petstore database: it belongs to another application (SQLite application_id 0x2a); use another -db file",
+		{"another application", "not a petstore database: it belongs to another application (SQLite application_id 0x2a)",
 			[]string{"PRAGMA application_id = 42", "CREATE TABLE t (x)"}},
-		{"tables not its own", "not a petstore database: it holds tables petstore did not make (customers, orders); use another -db file",
+		{"tables not its own", "not a petstore database: it holds tables petstore did not make (customers, orders)",
 			[]string{"CREATE TABLE orders (x)", "CREATE TABLE customers (x)"}},
-		{"only a view", "not a petstore database: it holds tables petstore did not make (v); use another -db file",
+		{"only a view", "not a petstore database: it holds tables petstore did not make (v)",
 			[]string{"CREATE VIEW v AS SELECT 1"}},
-		{"another table beside pets", "not a petstore database: it holds tables petstore did not make (notes); use another -db file",
+		{"another table beside pets", "not a petstore database: it holds tables petstore did not make (notes)",
 			[]string{"CREATE TABLE pets (x)", "CREATE TABLE notes (x)", "PRAGMA user_version = 2"}},
-		{"a pets table of another shape", "not a petstore database: its pets table has the columns (id, species), not petstore's (id, name, category_id, status, idempotency_key, request_fingerprint); use another -db file",
+		{"a pets table of another shape", "not a petstore database: its pets table has the columns (id, species), not petstore's (id, name, category_id, status, idempotency_key, request_fingerprint)",
 			[]string{"CREATE TABLE pets (id INTEGER PRIMARY KEY, species TEXT)", "PRAGMA user_version = 2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
