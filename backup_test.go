@@ -264,8 +264,8 @@ func testBackupOfForeignFile(t *testing.T, journalMode string) {
 	must(t, err)
 	err = run(context.Background(), []string{"petstore", "backup", "-db", other, filepath.Join(t.TempDir(), "copy.db")},
 		func(string) string { return "" }, io.Discard, io.Discard)
-	want := "not a petstore database: it holds tables petstore did not make (notes)"
-	if err == nil || !strings.Contains(err.Error(), want) {
+	want := "backup: back up " + other + ": not a petstore database: it holds tables petstore did not make (notes); use another -db file"
+	if err == nil || err.Error() != want {
 		t.Errorf("backup of another application's file: %v, want it refused: %s", err, want)
 	}
 	if after, err := os.ReadFile(other); err != nil || !bytes.Equal(after, before) {

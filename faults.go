@@ -159,8 +159,7 @@ func openDBFile(path string) (*dbFile, error) {
 	// The path is made absolute with its symbolic links resolved, as far
 	// as it exists. SQLite follows a link to the database and keeps the
 	// -wal and -shm beside its target: those are the files to watch, and
-	// an absolute path in the log's restore command works from any
-	// directory.
+	// an absolute path in the log (db=, saved=) works from any directory.
 	if resolved, err := filepath.EvalSymlinks(path); err == nil {
 		path = resolved
 	}
@@ -389,7 +388,7 @@ func (s *petStore) storageFault(err error) error {
 // checkpointInPlace) is the save, and a restart is all it takes. Where
 // the database itself went, or a reader holds the checkpoint back, VACUUM
 // INTO writes every pet to a new file beside the path, which the log
-// names with the command that puts it back. It reports whether every pet
+// names (saved=) for a restore. It reports whether every pet
 // the service committed is in the database at its path or in the saved
 // file.
 func (s *petStore) saveVanished(w *batchWriter, which string) bool {

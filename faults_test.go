@@ -633,8 +633,8 @@ func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 
 // TestFilesRemovedUnderLoad removes, renames or replaces the database,
 // its -wal or its -shm under the binary while clients create, each with a
-// name of its own, then kills the binary, runs the restore command its
-// ERROR line gives and starts it again. From the first refusal on no
+// name of its own, then kills the binary, restores the copy its ERROR
+// line names (saved=), as docs/operations.md says, and starts it again. From the first refusal on no
 // create is answered 201; creates and /healthz say why; and afterwards the
 // names answered 201 are all in the catalogue, those answered 503 none of
 // them. A -wal replaced by an older copy of itself is the case a
@@ -735,10 +735,10 @@ func TestFilesRemovedUnderLoad(t *testing.T) {
 			cmd.Process.Kill()
 			cmd.Wait()
 			if tt.file == "" {
-				m := regexp.MustCompile(logged).FindStringSubmatch(logs.String())
-				out, err := exec.Command(petstoreBinary(t), "restore", "-from", m[1], "-db", db).CombinedOutput()
-				if err != nil {
-					t.Fatalf("petstore restore -from %s: %v: %s", m[1], err, out)
+				m := regexp.MustCompile(logged + ` fault=.* db=(\S+)`).FindStringSubmatch(logs.String())
+				out, err := exec.Command(petstoreBinary(t), "restore", "-from", m[1], "-db", m[2]).CombinedOutput()
+				if err != nil || m[2] != db {
+					t.Fatalf("petstore restore -from %s -db %s: %v: %s", m[1], m[2], err, out)
 				}
 			}
 			base, _ = startBinary(t, nil, []string{"-db", given}, nil)

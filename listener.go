@@ -204,7 +204,7 @@ func (l *limitListener) oldestSilent() *limitedConn {
 		if time.Since(c.since) <= silentAfter {
 			return nil // the rest are younger still
 		}
-		if !c.sentSomething() {
+		if !c.sentSomething(false) { // no silence remembered: it may lose a request
 			return c
 		}
 		e = e.Next()
@@ -240,14 +240,14 @@ func (l *limitListener) nextTurn(a *parkedAddress) *limitedConn {
 func (l *limitListener) readyAddress() *parkedAddress {
 	for range min(maxPeeks, l.turns.Len()) {
 		a := l.turns.Front().Value.(*parkedAddress)
-		if a.conns.Front().Value.(*limitedConn).sentSomething() {
+		if a.conns.Front().Value.(*limitedConn).sentSomething(true) {
 			return a
 		}
 		l.turns.MoveToBack(a.turn)
 	}
 	e := l.parked.Back()
 	for range min(maxPeeks, l.parked.Len()) {
-		if c := e.Value.(*limitedConn); c.sentSomething() {
+		if c := e.Value.(*limitedConn); c.sentSomething(true) {
 			// Its own, not its address's oldest: that one is silent.
 			a := l.byAddress[c.address]
 			a.conns.MoveToFront(c.parkedAt)
@@ -450,20 +450,21 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 // sentSomething tells, without reading it, whether the client has sent
 // anything on c: a peek at the socket, which never waits.
 // Only for a parked c: for a served one, the peek would wait for the
-// server's own read to return. What a peek finds is kept: that the client
-// sent, for good (it stays until read), and silence for recheckEvery, so
-// looking over thousands of parked connections with l.mu held costs few
-// system calls. Under a flood of 22,000 connections the peeks had taken
-// 28% of the service's CPU (5% now), and the accept loop waited on l.mu
-// while the kernel's listen queue filled: at a descriptor limit of
-// 16,384, a fresh client was answered within 1 s 1 to 5 times of 10,
-// and 3 to 10 with what is kept.
-func (c *limitedConn) sentSomething() bool {
+// server's own read to return. That the client sent is kept for good (it
+// stays until read); with remembered, silence found is kept for
+// recheckEvery once c has been parked silentAfter, the bulk of a flood,
+// while a young one, whose request may come any moment, is looked at
+// each time. Under a flood of 22,000 connections the peeks, made with
+// l.mu held, had taken 28% of the service's CPU (5% now), and the accept
+// loop waited on l.mu while the kernel's listen queue filled: at a
+// descriptor limit of 16,384, a fresh client was answered within 1 s 1
+// to 5 times of 10, and 3 to 10 with what is kept.
+func (c *limitedConn) sentSomething(remembered bool) bool {
 	if c.heard.Load() {
 		return true // seen before: what was sent stays until it is read
 	}
-	if time.Since(c.quietAt) < recheckEvery {
-		return false // found silent a moment ago
+	if remembered && time.Since(c.quietAt) < recheckEvery && time.Since(c.since) > silentAfter {
+		return false // found silent a moment ago, and long parked
 	}
 	sc, ok := c.Conn.(syscall.Conn)
 	if !ok {

@@ -146,6 +146,9 @@ func runBackup(ctx context.Context, args []string, getenv func(string) string, s
 		dst = filepath.Join(dir, "petstore-"+time.Now().UTC().Format("20060102T150405Z")+".db")
 	}
 	pets, err := backupDatabase(ctx, *db, dst)
+	if errors.Is(err, errNotPetstore) {
+		return fmt.Errorf("backup: %w; use another -db file", err)
+	}
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
