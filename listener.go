@@ -448,18 +448,19 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 }
 
 // sentSomething tells, without reading it, whether the client has sent
-// anything on c: a peek at the socket, which never waits.
-// Only for a parked c: for a served one, the peek would wait for the
-// server's own read to return. That the client sent is kept for good (it
-// stays until read); with remembered, silence found is kept for
-// recheckEvery once c has been parked silentAfter, the bulk of a flood,
-// while a young one, whose request may come any moment, is looked at
-// each time (a long-parked client that sends just after such a look is
-// seen up to 50 ms later: a review measured 67 ms at most). Under a flood of 22,000 connections the peeks, made with
-// l.mu held, had taken 31-43% of the service's CPU (9-10% now), and the accept
-// loop waited on l.mu while the kernel's listen queue filled: at a
-// descriptor limit of 16,384, a fresh client was answered within 1 s 1
-// to 5 times of 10, and 3 to 10 with what is kept.
+// anything on c: a peek at the socket, which never waits. Only for a
+// parked c: for a served one, the peek would wait for the server's own
+// read to return. That the client sent is kept for good (it stays until
+// read); with remembered, silence found is kept for recheckEvery once c
+// has been parked silentAfter, the bulk of a flood, while a young one,
+// whose request may come any moment, is looked at each time (a
+// long-parked client that sends just after such a look is seen up to 50
+// ms later: a review measured 67 ms at most). Under a flood of 22,000
+// connections the peeks, made with l.mu held, had taken 31-43% of the
+// service's CPU (9-10% now), and the accept loop waited on l.mu while
+// the kernel's listen queue filled: at a descriptor limit of 16,384, a
+// fresh client was answered within 1 s 1 to 5 times of 10, and 3 to 10
+// with what is kept.
 func (c *limitedConn) sentSomething(remembered bool) bool {
 	if c.heard.Load() {
 		return true // seen before: what was sent stays until it is read
