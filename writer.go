@@ -250,10 +250,12 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	// Inside the transaction, before its inserts: the view catches up
 	// with any outside change, and a file that went back is refused.
 	results, err := w.commit(batch, func() error { return s.catchUp(w) }, s.view.highWater)
+	var added []Pet
 	if err == nil {
+		added = newPets(results)
 		// Before any 201, inside the stall's watch: on a frozen
 		// filesystem this write waits as a commit does.
-		s.noteAcked(results)
+		s.noteAcked(added)
 	}
 	s.commitStart.Store(0)
 	if !stalled.Stop() {
@@ -269,7 +271,7 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 			refuse(s.lasting.Load())
 			return
 		}
-		s.committed(w, batch, results)
+		s.committed(w, batch, results, added)
 		return
 	}
 	var se *storageError
@@ -309,21 +311,29 @@ func (s *petStore) commit(w *batchWriter, batch []*writeRequest) {
 	}
 }
 
-// committed answers a batch that was committed. The view learns of the
-// new pets before their clients do, so a client reads its own writes.
-func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []writeResult) {
-	added := make([]Pet, 0, len(batch))
+// newPets are the pets a committed batch stored, in id order (ids ascend
+// within a transaction; view.add relies on it too): not those replayed
+// for an Idempotency-Key, nor those given up at their deadline.
+func newPets(results []writeResult) []Pet {
+	added := make([]Pet, 0, len(results))
 	for _, r := range results {
 		if r.err == nil && !r.replayed {
 			added = append(added, r.pet)
-			s.view.highWater = max(s.view.highWater, r.pet.ID)
 		}
 	}
+	return added
+}
+
+// committed answers a batch that was committed, which stored added. The
+// view learns of the new pets before their clients do, so a client reads
+// its own writes.
+func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []writeResult, added []Pet) {
 	if len(added) > 0 {
 		// Only a commit that wrote shows the storage takes writes: one
 		// whose every request had expired wrote nothing.
 		s.faults.succeeded()
 		w.commits++
+		s.view.highWater = max(s.view.highWater, added[len(added)-1].ID)
 	}
 	s.view.add(added)
 	for i, r := range batch {
@@ -338,16 +348,12 @@ func (s *petStore) committed(w *batchWriter, batch []*writeRequest, results []wr
 // (see ackedSuffix) before any of them is answered. Without a view the
 // file's counts are not known, and the record is left as it was rather
 // than made blind.
-func (s *petStore) noteAcked(results []writeResult) {
-	added, top := int64(0), s.view.highWater
-	for _, r := range results {
-		if r.err == nil && !r.replayed {
-			added, top = added+1, max(top, r.pet.ID)
-		}
+func (s *petStore) noteAcked(added []Pet) {
+	if len(added) == 0 || s.view.master == nil {
+		return
 	}
-	if added > 0 && s.view.master != nil {
-		s.file.noteAcked(s.view.known.inserted+added, top)
-	}
+	top := max(s.view.highWater, added[len(added)-1].ID) // ids ascend in a transaction
+	s.file.noteAcked(s.view.known.inserted+int64(len(added)), top)
 }
 
 // checkpoint copies the committed pages into the database file. The
