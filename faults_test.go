@@ -634,8 +634,8 @@ func TestHealthAnswersFromTheLatestCheck(t *testing.T) {
 // TestFilesRemovedUnderLoad removes, renames or replaces the database,
 // its -wal or its -shm under the binary while clients create, each with a
 // name of its own, then kills the binary, restores the copy its ERROR
-// line names (saved=), as docs/operations.md says, and starts it again. From the first refusal on no
-// create is answered 201; creates and /healthz say why; and afterwards the
+// line names (saved=), as docs/operations.md says, and starts it again.
+// From the first refusal on no create is answered 201; creates and /healthz say why; and afterwards the
 // names answered 201 are all in the catalogue, those answered 503 none of
 // them. A -wal replaced by an older copy of itself is the case a
 // checkpoint alone would lose: the copy is laid over the file at the next

@@ -319,11 +319,11 @@ func pinApart(t testing.TB) (service, flood []string) {
 		}
 		from, _ := strconv.Atoi(lo)
 		to, _ := strconv.Atoi(hi)
-		for cpu := from; cpu <= to && err == nil; cpu++ {
+		for cpu := from; cpu <= to; cpu++ {
 			cpus = append(cpus, strconv.Itoa(cpu))
 		}
 	}
-	if len(cpus) < 2 {
+	if err != nil || len(cpus) < 2 {
 		t.Logf("the flood shares the service's CPUs (%q: one CPU, or no taskset)", list)
 		return nil, nil
 	}
