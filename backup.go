@@ -1,7 +1,7 @@
-// Backups and restore, as the backup and restore commands (main.go) call
-// them: one consistent copy, written with VACUUM INTO and checked before
-// it is called a backup; retention of a directory of snapshots; and the
-// put-back, while no service holds the file.
+// The backup and restore commands: a consistent copy of the live
+// database, written with VACUUM INTO and checked before it is called a
+// backup, and its put-back while no service holds the file. Scheduling
+// snapshots and pruning old ones is the timer's (petstore-backup.service).
 
 package main
 
@@ -10,75 +10,46 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 )
 
-// snapshotPattern matches the names of the snapshots that -dir writes,
-// and only those: retention never touches another file.
-var snapshotPattern = regexp.MustCompile(`^petstore-\d{8}T\d{6}Z\.db$`)
-
-// pruneSnapshots deletes the oldest snapshots in dir beyond the newest
-// keep, by the UTC time in their names, never the one just written and
-// never a file whose name is not a snapshot's. A snapshot named after the
-// one just written (by a clock that once ran ahead) would sort as the
-// newest for ever: it is neither counted nor deleted, but returned in
-// ahead. It returns the names it deleted.
-func pruneSnapshots(dir string, keep int, justWritten string) (removed, ahead []string, err error) {
-	entries, err := os.ReadDir(dir) // sorted by name: oldest first
+// runBackup is "petstore backup [-db FILE] BACKUP-FILE".
+func runBackup(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := newFlagSet()
+	var db string
+	envFlag(fs, getenv, &db, "db", "petstore.db", "SQLite database `file` to back up")
+	if err := parseArgs(fs, args[1:], stdout, "petstore backup [-db FILE] BACKUP-FILE\n\nWrites a consistent, checked copy of the database, also while the service runs."); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("backup: name one backup file, after the flags: petstore backup [-db FILE] BACKUP-FILE")
+	}
+	pets, err := backupDatabase(ctx, db, fs.Arg(0))
 	if err != nil {
-		return nil, nil, err
+		return fmt.Errorf("backup: %w", err)
 	}
-	var snapshots []string
-	for _, e := range entries {
-		switch {
-		case !e.Type().IsRegular() || !snapshotPattern.MatchString(e.Name()):
-		case e.Name() > justWritten:
-			ahead = append(ahead, e.Name())
-		default:
-			snapshots = append(snapshots, e.Name())
-		}
-	}
-	for ; len(snapshots) > keep; snapshots = snapshots[1:] {
-		if snapshots[0] == justWritten {
-			continue
-		}
-		if err := os.Remove(filepath.Join(dir, snapshots[0])); err != nil {
-			return removed, ahead, err
-		}
-		removed = append(removed, snapshots[0])
-	}
-	return removed, ahead, nil
+	fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, fs.Arg(0), pets)
+	return nil
 }
 
-// backupDatabase writes a consistent copy of the database file src to dst
-// while the service may be writing to src. VACUUM INTO reads one snapshot
-// (a WAL read transaction) and so neither blocks the writer nor copies a
-// half-committed state; the copy is compacted and self-contained (no
-// -wal file). The copy is written to a temporary file beside dst, checked,
-// fsynced, and only then linked into place, so an interrupted backup
-// leaves nothing at dst that could pass for a backup. dst must not exist.
-// It returns how many pets the copy holds.
+// backupDatabase writes a consistent copy of src to dst while a service
+// may be writing to src: VACUUM INTO reads one snapshot, so it neither
+// blocks the writer nor copies half a commit, and the copy has no -wal.
+// It is written beside dst, checked and fsynced, and only then linked to
+// dst, which must not exist, so no half copy ever passes for a backup.
 func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
-	if _, err := os.Stat(src); err != nil {
-		return 0, fmt.Errorf("database to back up: %w", err)
-	}
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("backup file %s already exists; a backup never overwrites a file", dst)
 	}
-	// Whose file it is is read first, and the copy is read, through a
-	// read-only connection: another application's file is refused with
-	// nothing written to it or beside it.
-	if _, err := inspect(src); err != nil {
+	// Another application's file is refused with nothing written to it.
+	if _, err := inspect(src); errors.Is(err, errNotPetstore) {
+		return 0, fmt.Errorf("back up %s: %w; use another -db file", src, err)
+	} else if err != nil {
 		return 0, fmt.Errorf("back up %s: %w", src, err)
 	}
-	db, err := sql.Open("sqlite3", readOnlyDSN(src))
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	tmp, err := vacuumInto(ctx, db, filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
+	tmp, err := vacuumInto(ctx, src, dst)
 	if err != nil {
 		return 0, fmt.Errorf("back up %s: %w", src, err)
 	}
@@ -86,135 +57,131 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 	if pets, err = checkBackup(ctx, tmp); err != nil {
 		return 0, err
 	}
-	// A link, unlike a rename, refuses to replace a file that appeared at
-	// dst meanwhile.
+	// A link, unlike a rename, does not replace a file made at dst meanwhile.
 	if err := os.Link(tmp, dst); err != nil {
 		return 0, fmt.Errorf("backup file: %w", err)
 	}
 	return pets, syncPath(filepath.Dir(dst))
 }
 
-// checkBackup checks a copy before it is called a backup, or put back,
-// and counts its pets: a petstore file, whole. It opens the copy
-// read-only and without our DSN options, which would turn it into a WAL
-// database with -wal and -shm files beside it.
+// checkBackup checks that the copy at path is a whole petstore file, and
+// counts its pets.
 func checkBackup(ctx context.Context, path string) (pets int64, err error) {
-	out, err := sql.Open("sqlite3", readOnlyDSN(path))
-	if err != nil {
-		return 0, err
-	}
-	defer out.Close()
+	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path)) // Open fails only for an unknown driver
+	defer db.Close()
 	var appID int64
-	if err := out.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
-		return 0, fmt.Errorf("check backup: %w", err)
-	}
-	if appID != petstoreApplicationID {
-		return 0, fmt.Errorf("check backup: %w (SQLite application_id %#x)", errNotPetstore, appID)
-	}
 	var check string
-	if err := out.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&check); err != nil {
+	err = db.QueryRowContext(ctx, "SELECT application_id, integrity_check, (SELECT count(*) FROM pets) FROM pragma_application_id, pragma_integrity_check").Scan(&appID, &check, &pets)
+	switch {
+	case err != nil:
 		return 0, fmt.Errorf("check backup: %w", err)
-	}
-	if check != "ok" {
+	case appID != petstoreApplicationID:
+		return 0, fmt.Errorf("check backup: %w (SQLite application_id %#x)", errNotPetstore, appID)
+	case check != "ok":
 		return 0, fmt.Errorf("check backup: integrity_check says %q", check)
-	}
-	if err := out.QueryRowContext(ctx, "SELECT count(*) FROM pets").Scan(&pets); err != nil {
-		return 0, fmt.Errorf("check backup: %w", err)
 	}
 	return pets, nil
 }
 
-// restoreDatabase replaces the database at db with the backup at from.
-// Copying a file over a live database corrupts it: the service's open
-// connections, its -wal and its -shm still describe the old file, and
-// SQLite would lay the old WAL's pages over the new one. So it refuses
-// while a service holds db (its lock), checks the backup (integrity and
-// application id), writes a copy beside db and fsyncs it, removes the old
-// -wal and -shm, and renames the copy over db, so db is at every moment
-// either the old file or the whole backup.
-func restoreDatabase(ctx context.Context, from, db string) (pets int64, err error) {
-	if pets, err = checkBackup(ctx, from); err != nil {
+// runRestore is "petstore restore -from BACKUP [-db FILE]".
+func runRestore(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := newFlagSet()
+	var db string
+	envFlag(fs, getenv, &db, "db", "petstore.db", "SQLite database `file` to replace")
+	from := fs.String("from", "", "the backup `file` to put back, as petstore backup wrote it")
+	if err := parseArgs(fs, args[1:], stdout, "petstore restore -from BACKUP [-db FILE]\n\nReplaces the database with a checked backup, while no service holds it."); err != nil {
+		return err
+	}
+	if *from == "" || fs.NArg() != 0 {
+		return errors.New("restore: name the backup with -from, and nothing else: petstore restore -from BACKUP [-db FILE]")
+	}
+	pets, err := restoreDatabase(ctx, *from, db)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	fmt.Fprintf(stdout, "restored %s to %s: %d pets, integrity ok\n", *from, db, pets)
+	return nil
+}
+
+// restoreDatabase replaces the database at path with the backup at from.
+// Copying over a live database corrupts it (SQLite would lay the old
+// -wal's pages over the new file), so it takes the service's lock, or
+// refuses while a service holds it. It writes a copy beside path, whose
+// id sequence it raises to the highest id the file it replaces holds or
+// gave out, so that no id a client was given is handed out again; then
+// it removes the old -wal and -shm and renames the copy over path, which
+// is at every moment the old file or the whole backup.
+func restoreDatabase(ctx context.Context, from, path string) (pets int64, err error) {
+	if _, err = checkBackup(ctx, from); err != nil {
 		return 0, err
 	}
-	// The service's lock, held until the new file is in place: no service
-	// can start on db meanwhile.
-	old, err := openDBFile(db)
-	if err != nil {
-		return 0, fmt.Errorf("%w; stop it before restoring", err)
+	if resolved, err := filepath.EvalSymlinks(path); err == nil {
+		path = resolved // a link's target is the file SQLite opens
 	}
-	defer old.close()
-	db = old.path // a link's target: the file SQLite opens
-	// The copy is written by SQLite from the backup as SQLite reads it,
-	// its -wal included (a backup left by a killed service has one), then
-	// checked and counted itself.
-	src, err := sql.Open("sqlite3", readOnlyDSN(from))
+	lock, err := lockFile(path)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("database %s: %w; stop it before restoring", path, err)
 	}
-	defer src.Close()
-	tmp, err := vacuumInto(ctx, src, filepath.Dir(db), "."+filepath.Base(db)+".restore-*")
+	defer lock.Close()
+	tmp, err := vacuumInto(ctx, from, path)
 	if err != nil {
-		return 0, fmt.Errorf("copy the backup beside %s: %w", db, err)
+		return 0, fmt.Errorf("copy the backup beside %s: %w", path, err)
 	}
 	defer os.Remove(tmp)
-	if err := keepReplacedIDs(ctx, db, tmp); err != nil {
-		return 0, err
+	old, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
+	var top int64 // of the file replaced, as far as it can be read
+	old.QueryRowContext(ctx, "SELECT max(coalesce((SELECT max(id) FROM pets), 0), coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))").Scan(&top)
+	old.Close()
+	copied, _ := sql.Open(sqliteDriver, fileURI(tmp))
+	_, err = copied.ExecContext(ctx, `INSERT INTO sqlite_sequence (name, seq) SELECT 'pets', 0 WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'pets');
+		UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'pets';`, top)
+	if err = errors.Join(err, copied.Close()); err != nil {
+		return 0, fmt.Errorf("raise the copy's id sequence: %w", err)
 	}
 	if pets, err = checkBackup(ctx, tmp); err != nil {
 		return 0, err
 	}
-	// The record of what a service acknowledged on the replaced file is
-	// in the copy's sequence now (keepReplacedIDs), and the copy is the
-	// catalogue: the next start begins a new record.
-	for _, companion := range []string{db + "-wal", db + "-shm", db + ackedSuffix} {
+	for _, companion := range []string{path + "-wal", path + "-shm"} {
 		if err := os.Remove(companion); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return 0, err
 		}
 	}
-	if err := os.Rename(tmp, db); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		return 0, err
 	}
-	return pets, syncPath(filepath.Dir(db))
+	return pets, syncPath(filepath.Dir(path))
 }
 
-// keepReplacedIDs readies the copy at tmp to replace the file at db: its
-// id sequence is raised to the highest id db holds or handed out, where
-// db can be read, so no id a client was given is handed out again; and
-// its counts are made to agree with the pets it holds, so pets its own
-// counts say are missing (a copy of a file that lost them) are taken as
-// deleted: putting a file back says that it is the catalogue.
-func keepReplacedIDs(ctx context.Context, db, tmp string) error {
-	var top int64
-	if old, err := sql.Open("sqlite3", readOnlyDSN(db)); err == nil {
-		// Each apart: a damaged file may still give one of the two. One
-		// that gives neither (not SQLite) leaves the record's, below.
-		for _, q := range []string{"SELECT coalesce(max(id), 0) FROM pets", "SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'pets'"} {
-			var id int64
-			if old.QueryRowContext(ctx, q).Scan(&id) == nil {
-				top = max(top, id)
-			}
-		}
-		old.Close()
+// vacuumInto writes a consistent, self-contained copy of the database at
+// src to a new file beside dst, private to the user, and fsyncs it and
+// its directory; it returns its path. A copy that fails is removed. src
+// is read without the service's DSN, which would make another
+// application's file WAL.
+func vacuumInto(ctx context.Context, src, dst string) (string, error) {
+	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
+	if err != nil {
+		return "", err
 	}
-	// What a service acknowledged on it, which the file may have lost.
-	if _, acked, ok := readAcked(db); ok {
-		top = max(top, acked)
+	f.Close()
+	db, _ := sql.Open(sqliteDriver, readOnlyDSN(src))
+	defer db.Close()
+	if _, err = db.ExecContext(ctx, "VACUUM INTO ?", f.Name()); err == nil {
+		err = errors.Join(syncPath(f.Name()), syncPath(filepath.Dir(dst)))
 	}
-	copied, err := sql.Open("sqlite3", fileURI(tmp))
+	if err != nil {
+		os.Remove(f.Name())
+		os.Remove(f.Name() + "-journal") // VACUUM INTO's own, when it failed
+	}
+	return f.Name(), err
+}
+
+// syncPath fsyncs a file or a directory, so what was written to it, or a
+// name added to it, is on stable storage.
+func syncPath(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
-	defer copied.Close()
-	var version int
-	if err := copied.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
-		return fmt.Errorf("read the copy: %w", err)
-	}
-	fix := raiseSequenceSQL
-	if version >= 8 { // the schema that counts deletes
-		fix += "UPDATE pets_changes SET deleted = inserted - (SELECT count(*) FROM pets);"
-	}
-	if _, err := copied.ExecContext(ctx, fix, top); err != nil {
-		return fmt.Errorf("raise the copy's id sequence: %w", err)
-	}
-	return nil
+	defer f.Close()
+	return f.Sync()
 }

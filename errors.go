@@ -1,3 +1,7 @@
+// Errors as clients see them: the code vocabulary, the Error body as an
+// error a handler returns, and writeError, the one place any error becomes
+// an answer: a status, a code and, for a storage fault, Retry-After.
+
 package main
 
 import (
@@ -5,127 +9,99 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
 )
 
-// The closed vocabulary of the Error body's code field. README.md lists
-// them; a client may switch on them.
-const (
-	codeUnauthorized         = "unauthorized"
-	codeInvalidBody          = "invalid_body"
-	codeInvalidParameter     = "invalid_parameter"
-	codeNotFound             = "not_found"
-	codeMethodNotAllowed     = "method_not_allowed"
-	codeBodyTooLarge         = "body_too_large"
-	codeLengthRequired       = "length_required"
-	codeUnsupportedMediaType = "unsupported_media_type"
-	codeNotImplemented       = "not_implemented"
-	codeInternalError        = "internal_error"
-	codeUnavailable          = "unavailable"
-	codeIdempotencyKeyReused = "idempotency_key_reused"
-	codeRateLimited          = "rate_limited"
-	// codeRefusedByDatabase: a rule in the database file that the service
-	// does not know of (an operator's trigger) refused this one create.
-	codeRefusedByDatabase = "refused_by_database"
-	// codeStorageTampered: creates are refused until a restart because the
-	// database's -wal or -shm was deleted or replaced under the service.
-	codeStorageTampered = "storage_tampered"
-	// codeStorageFailed: creates are refused until a restart because a
-	// write to the storage failed with an I/O error.
-	codeStorageFailed = "storage_failed"
-	// codeStorageDamaged: the database file is corrupt; creates, and reads
-	// of what cannot be read, are refused until it is restored.
-	codeStorageDamaged = "storage_damaged"
-	// codeAcknowledgedPetsMissing: creates are refused because the file
-	// lost pets this service acknowledged (see faultWentBack).
-	codeAcknowledgedPetsMissing = "acknowledged_pets_missing"
-)
+// The Error body's code is one of a closed vocabulary, which README.md
+// lists and clients may switch on; each is written where it is made:
+//
+//	invalid_body, invalid_parameter        400
+//	unauthorized                           401
+//	not_found                              404
+//	method_not_allowed                     405
+//	body_too_large                         413
+//	unsupported_media_type                 415
+//	idempotency_key_reused                 422
+//	refused_by_database                    422
+//	internal_error                         500
+//	not_implemented                        501
+//	unavailable, storage_failed,
+//	storage_damaged                        503
 
-// faultAnswers is how a client is told of each storage fault, beside
-// its message (faultMessages): the Error body's code and the Retry-After
-// in seconds. A lock passes quickly; a lasting fault waits for an
-// operator, and has a code of its own, so a client that retries blindly
-// on "unavailable" learns that waiting alone will not end it.
-var faultAnswers = map[faultKind]struct{ code, retryAfter string }{
-	faultDiskFull:     {codeUnavailable, "5"},
-	faultReadOnly:     {codeUnavailable, "5"},
-	faultLocked:       {codeUnavailable, "1"},
-	faultNotAnswering: {codeUnavailable, "1"},
-	faultTimedOut:     {codeUnavailable, "1"},
-	faultStarting:     {codeUnavailable, "1"},
-	faultIO:           {codeStorageFailed, "60"},
-	faultDamaged:      {codeStorageDamaged, "60"},
-	faultReplaced:     {codeUnavailable, "60"},
-	faultTampered:     {codeStorageTampered, "60"},
-	faultWentBack:     {codeAcknowledgedPetsMissing, "60"},
-	faultMissing:      {codeAcknowledgedPetsMissing, "60"},
-}
-
-// apiError is the Error body of the specification.
+// apiError is the specification's Error body, and the error a handler
+// returns to be answered with it.
 type apiError struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Status  int    `json:"status"`
 }
 
-// writeError answers with the JSON Error body. Every non-2xx answer of the
-// service goes through here, so they all look alike.
-func writeError(w http.ResponseWriter, status int, code, message string) {
-	writeBody(w, status, marshalJSON(apiError{Code: code, Message: message, Status: status}))
+func (e *apiError) Error() string { return e.Message }
+
+// errorf makes an apiError, its message formatted.
+func errorf(status int, code, format string, args ...any) error {
+	return &apiError{Code: code, Message: fmt.Sprintf(format, args...), Status: status}
 }
 
-// writeStoreError answers a failure of the store. A storage fault, whose
-// cause is outside the service (disk full, read-only, locked, damaged,
-// replaced), is a 503 that names the cause, with Retry-After, and is
-// logged by the store once per fault rather than here per request; any
-// other failure is a 500, whose cause is logged and not told to the
-// client: it may hold internals.
-func writeStoreError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+// writeError answers err; every non-2xx answer of the service is made
+// here. A storage fault is a 503 that names its cause, with Retry-After
+// (the store logs it once, not here per request); a lock passes in a
+// moment, a fault that lasts waits for an operator and has a code of its
+// own, so a client retrying on "unavailable" learns that waiting alone
+// will not end it. An unknown error is a 500 whose cause goes to the log
+// only: it may hold internals.
+func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	var answer *apiError
 	var fault *storageError
+	var refused *refusedError
 	switch {
+	case errors.As(err, &answer):
+	case errors.As(err, new(notFoundError)):
+		answer = &apiError{"not_found", err.Error(), http.StatusNotFound}
+	case errors.Is(err, errIdempotencyKeyReused):
+		answer = &apiError{"idempotency_key_reused", "this Idempotency-Key was already used for a different pet; use a new key for a new request", http.StatusUnprocessableEntity}
+	case errors.As(err, &refused):
+		answer = &apiError{"refused_by_database", refused.Error(), http.StatusUnprocessableEntity}
 	case errors.As(err, &fault):
-		answer := faultAnswers[fault.kind]
-		w.Header().Set("Retry-After", answer.retryAfter)
-		writeError(w, http.StatusServiceUnavailable, answer.code, fault.kind.message())
+		// Each refusal is a line, the cause's own words: journald limits a
+		// flood of them.
+		log.Warn("storage fault", "fault", fault.Error(), "method", r.Method, "path", r.URL.Path, "request_id", w.Header().Get("X-Request-Id"))
+		code, retryAfter := "unavailable", "1"
+		switch fault.kind {
+		case faultDiskFull, faultReadOnly:
+			retryAfter = "5"
+		case faultIO:
+			code, retryAfter = "storage_failed", "60"
+		case faultDamaged:
+			code, retryAfter = "storage_damaged", "60"
+		}
+		w.Header().Set("Retry-After", retryAfter)
+		answer = &apiError{code, string(fault.kind), http.StatusServiceUnavailable}
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
-		// The client went away; there is no one to answer and nothing wrong.
-		log.DebugContext(r.Context(), "request cancelled by the client", "method", r.Method, "path", r.URL.Path)
+		// The client went away: no one to answer, nothing wrong.
+		log.Debug("request cancelled by the client", "method", r.Method, "path", r.URL.Path, "request_id", w.Header().Get("X-Request-Id"))
+		return
 	default:
-		log.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, codeInternalError, internalErrorMessage(w))
+		log.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err, "request_id", w.Header().Get("X-Request-Id"))
+		// All a 500 says: our fault, and the request id that finds its
+		// cause in the log.
+		answer = &apiError{"internal_error", "internal error (request id " + w.Header().Get("X-Request-Id") + ")", http.StatusInternalServerError}
 	}
+	writeJSON(w, answer.Status, answer)
 }
 
-// internalErrorMessage is all a 500 says: that it is our fault, and the
-// request id to quote, which finds the cause in the log. The id is the
-// X-Request-Id the answer already carries, so the message and the header
-// cannot disagree.
-func internalErrorMessage(w http.ResponseWriter) string {
-	return "internal error (request id " + w.Header().Get("X-Request-Id") + ")"
-}
-
-// marshalJSON is v as JSON and a newline, for what is off the hot paths
-// (the Error body, a name appendJSONString cannot copy). HTML escaping is
-// off: the body is application/json with nosniff, never HTML, and "<"
-// should read as "<".
-func marshalJSON(v any) []byte {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
+// writeJSON answers v as JSON and a newline. HTML escaping is off: the
+// body is application/json with nosniff, never HTML, and "<" reads as "<".
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var body bytes.Buffer
+	enc := json.NewEncoder(&body)
 	enc.SetEscapeHTML(false)
-	enc.Encode(v) // strings and the service's own types of strings and ints: it cannot fail
-	return buf.Bytes()
-}
-
-// contentTypeJSON is shared by every answer; net/http only reads it.
-var contentTypeJSON = []string{"application/json"}
-
-// writeBody answers with a JSON body already encoded.
-func writeBody(w http.ResponseWriter, status int, body []byte) {
-	h := w.Header()
-	h["Content-Type"] = contentTypeJSON
-	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	enc.Encode(v) // the service's own types of strings and ints: it cannot fail
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(body.Len()))
 	w.WriteHeader(status)
-	w.Write(body)
+	w.Write(body.Bytes())
 }

@@ -1,10 +1,9 @@
 //go:build !cgo
 
 // Built without cgo (CGO_ENABLED=0, or no C compiler found), petstore
-// cannot run: SQLite is C. The binary says so and how to get a C
-// compiler, before anything else, instead of failing at its first query.
-// The rest stands in for sqlite.go so that the code still builds, and
-// type-checks for other systems (CI vets GOOS=darwin and freebsd so).
+// cannot run, as SQLite is C: the binary says so, and how to get a C
+// compiler, before anything else. The rest stands in for sqlite.go so
+// that the code builds, and type-checks for other systems.
 
 package main
 
@@ -20,8 +19,6 @@ func init() {
 
 const sqliteDriver = "sqlite3"
 
-func sqliteFault(error) (faultKind, bool) { return faultNone, false }
+func sqliteFault(error) (faultKind, bool) { return "", false }
 
-func constraintRefusal(error) error { return nil }
-
-func inTransaction(any) bool { return false }
+func isConstraint(error) bool { return false }

@@ -1,338 +1,464 @@
-// The HTTP surface: the route table, the handler that serves it, and the
-// pets' own handlers, in that order; the middleware every request meets
-// on its way in is in middleware.go.
+// The API: the pets, the route table, and the handlers with the parsing
+// of what a client sends, in the order a request meets them.
 
 package main
 
 import (
+	"bytes"
+	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"maps"
+	"mime"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// NewPet is the body of a create.
+type NewPet struct {
+	Name       string `json:"name"`
+	CategoryID int64  `json:"categoryId"`
+	Status     string `json:"status"`
+}
+
+// Pet is a stored animal: a NewPet with the id the store gave it, first.
+type Pet struct {
+	ID int64 `json:"id"`
+	NewPet
+}
+
+// petStatuses is the PetStatus enumeration; an omitted status is the first.
+var petStatuses = []string{"available", "pending", "sold"}
+
+const (
+	maxNameLength = 100 // characters (Unicode code points)
+	defaultLimit  = 20  // the specification's page sizes
+	maxLimit      = 100
+	// maxBodyBytes is twelve times the largest valid NewPet (a name of
+	// 100 four-byte characters, escaped): no client comes near it.
+	maxBodyBytes = 16 << 10
+	// getPet was deprecated on 2026-11-22 (RFC 9745 writes @unix-seconds)
+	// and goes on the specification's date (RFC 8594).
+	getPetDeprecation = "@1795305600"
+	getPetSunset      = "Thu, 05 Dec 2030 00:00:00 GMT"
 )
 
 // server holds what the handlers share.
 type server struct {
-	store       *petStore
+	store       *store
 	keys        *keyRing
 	log         *slog.Logger
-	corsOrigins []string // exact origins allowed to call from a browser
-	// createWithin is how long a create may take before it must be
-	// answered (see createDeadline); 0: no bound.
+	corsOrigins []string
+	// createWithin is how long a create may wait for its commit to begin:
+	// inside the write timeout, so its client is answered either way.
 	createWithin time.Duration
-	readTimeout  time.Duration // the server's, for a request's body
-	// guard answers 429 to an address that fails authentication too
-	// often; nil: none.
-	guard *authGuard
 }
 
-// route is one operation the service serves.
+// route is one operation: its handler returns the error to answer.
 type route struct {
-	method, path string
-	handler      http.HandlerFunc
-	public       bool // served without an API key
-	deprecated   bool // answers carry Deprecation, Sunset and a successor Link
+	method, path       string
+	handler            func(http.ResponseWriter, *http.Request) error
+	public, deprecated bool // public: served without a key
 }
 
-// routes is the whole API, in one list. The OpenAPI document describes
-// exactly these (a test holds the two together).
-func (s *server) routes() []route {
-	return []route{
-		{method: "GET", path: "/", handler: serveIndex, public: true},
-		{method: "GET", path: "/healthz", handler: s.health, public: true},
-		{method: "GET", path: "/openapi.yaml", handler: serveOpenAPI("application/yaml"), public: true},
-		{method: "GET", path: "/openapi.json", handler: serveOpenAPI("application/json"), public: true},
-		{method: "GET", path: "/v1/pets", handler: s.listPets},
-		{method: "POST", path: "/v1/pets", handler: s.createPet},
-		{method: "GET", path: "/v1/pets/{petId}", handler: s.getPet, deprecated: true},
-		{method: "GET", path: "/v1/store/orders", handler: listOrders},
-	}
-}
-
-// newHandler builds the service's whole HTTP surface: the routes, a JSON
-// 405 with Allow for every other method on their paths, and a JSON 404
-// for everything else, inside the middleware every answer goes through.
+// newHandler is the service's whole HTTP surface: the routes, a JSON 405
+// with Allow for the other methods on their paths, and a JSON 404 for
+// every other path, inside the middleware every answer goes through.
 func newHandler(s *server) http.Handler {
+	routes := []route{
+		{"GET", "/healthz", s.health, true, false},
+		{"GET", "/openapi.json", serveDocument("application/json"), true, false},
+		{"GET", "/openapi.yaml", serveDocument("application/yaml"), true, false},
+		{"GET", "/v1/pets", s.listPets, false, false},
+		{"POST", "/v1/pets", s.createPet, false, false},
+		{"GET", "/v1/pets/{petId}", s.getPet, false, true},
+		{"GET", "/v1/store/orders", listOrders, false, false},
+	}
 	mux := http.NewServeMux()
-	wrap := func(r route, h http.Handler) http.Handler {
-		if !r.public {
-			h = requireAPIKey(s.keys, s.guard, h)
-		}
-		if r.deprecated {
-			h = deprecated(h)
-		}
-		return h
+	methods := map[string][]string{} // a path's methods, for Allow
+	for _, r := range routes {
+		mux.Handle(r.method+" "+r.path, s.wrap(r, r.handler))
+		methods[r.path] = append(methods[r.path], r.method)
 	}
-	methods := map[string][]string{}
-	first := map[string]route{}
-	for _, r := range s.routes() {
-		p := r.path
-		if p == "/" {
-			p = "/{$}" // "/" alone would match every path; this, only the root
+	// Method-less patterns answer a path's other methods; the mux picks
+	// the most specific pattern, whatever the order.
+	for _, r := range routes {
+		if allow := slices.Clone(methods[r.path]); allow[0] == r.method {
+			if slices.Contains(allow, "GET") {
+				allow = append(allow, "HEAD") // a GET route serves HEAD too
+			}
+			slices.Sort(allow)
+			mux.Handle(r.path, s.wrap(r, methodNotAllowed(strings.Join(allow, ", "))))
 		}
-		mux.Handle(r.method+" "+p, wrap(r, r.handler))
-		if _, seen := first[p]; !seen {
-			first[p] = r
-		}
-		methods[p] = append(methods[p], r.method)
 	}
-	// Method-less patterns catch the other methods on known paths, so they
-	// get a JSON 405 rather than the mux's plain-text one. A GET route
-	// also serves HEAD. The mux matches by pattern, not by the order
-	// patterns were added in.
-	for p, r := range first {
-		// A copy: methods[p] also feeds the CORS preflight, and must not be
-		// extended or reordered here.
-		allow := slices.Clone(methods[p])
-		if slices.Contains(allow, "GET") {
-			allow = append(allow, "HEAD")
-		}
-		slices.Sort(allow)
-		mux.Handle(p, wrap(r, methodNotAllowed(strings.Join(allow, ", "))))
-	}
-	// Everything under /v1 needs a key, even a path that does not exist;
-	// "/v1" itself is listed so the mux does not redirect it to "/v1/".
-	v1 := requireAPIKey(s.keys, s.guard, http.HandlerFunc(notFound))
-	mux.Handle("/v1", v1)
-	mux.Handle("/v1/", v1)
-	mux.HandleFunc("/", notFound)
-
-	// Built inside out; a request meets them in the order of this file:
-	// secureHeaders, logRequests, recoverPanics, cors, refuseChunked,
-	// rejectUncleanPaths, closeAfterUnreadBody, the mux, then requireAPIKey and deprecated on the
-	// routes that want them.
-	h := refuseChunked(rejectUncleanPaths(closeAfterUnreadBody(mux)))
-	h = cors(s.corsOrigins, s.log, mux, methods, h)
-	h = recoverPanics(s.log, h)
-	h = logRequests(s.log, h)
-	return secureHeaders(h)
+	// Under /v1 a key comes first, even for a path that does not exist.
+	mux.Handle("/v1", s.wrap(route{}, notFound))
+	mux.Handle("/v1/", s.wrap(route{}, notFound))
+	mux.Handle("/", s.wrap(route{public: true}, notFound))
+	return withMiddleware(s.log, s.corsOrigins, mux)
 }
 
-// notFound answers paths the service does not serve.
-func notFound(w http.ResponseWriter, r *http.Request) {
-	writeError(w, http.StatusNotFound, codeNotFound, "no such resource: "+r.URL.Path)
+// wrap makes h a handler for r: the error it returns is answered, a key
+// is required unless r is public, and a deprecated r says so.
+func (s *server) wrap(r route, h func(http.ResponseWriter, *http.Request) error) http.Handler {
+	var handler http.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if err := h(w, req); err != nil {
+			writeError(w, req, s.log, err)
+		}
+	})
+	if !r.public {
+		handler = requireAPIKey(s.keys, s.log, handler)
+	}
+	if r.deprecated {
+		handler = deprecate(handler)
+	}
+	return handler
 }
 
-// methodNotAllowed answers a known path asked with a method it does not
-// serve, listing the ones it does.
-func methodNotAllowed(allow string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+// notFound answers a path the service does not serve.
+func notFound(w http.ResponseWriter, r *http.Request) error {
+	return errorf(http.StatusNotFound, "not_found", "no such resource: %s", r.URL.Path)
+}
+
+// methodNotAllowed answers a known path asked with another method.
+func methodNotAllowed(allow string) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Allow", allow)
-		writeError(w, http.StatusMethodNotAllowed, codeMethodNotAllowed,
-			"method "+r.Method+" is not allowed on "+r.URL.Path+"; allowed: "+allow)
+		return errorf(http.StatusMethodNotAllowed, "method_not_allowed", "method %s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow)
 	}
-}
-
-// indexBody is what GET / answers: where the API, its document and the
-// health check are, relative so they stay right behind any proxy.
-var indexBody = []byte(`{"name":"petstore","description":"A store's catalogue of animals: list, add and get pets under /v1 with a bearer API key.",` +
-	`"links":{"pets":"/v1/pets","openapi":"/openapi.yaml","openapiJson":"/openapi.json","health":"/healthz"}}` + "\n")
-
-// serveIndex answers GET / without a key, pointing the way.
-func serveIndex(w http.ResponseWriter, r *http.Request) {
-	writeBody(w, http.StatusOK, indexBody)
 }
 
 // health answers 200 only while the service can both read and store a
-// pet, and otherwise 503 naming the failing check, for load balancers,
-// monitors and systemd; it needs no key. The store logs each fault once.
-func (s *server) health(w http.ResponseWriter, r *http.Request) {
-	if err := s.store.health(); err != nil {
-		writeStoreError(w, r, s.log, err) // a storageError: its 503
-		return
+// pet, else 503 naming the failing check: for monitors and balancers.
+func (s *server) health(w http.ResponseWriter, r *http.Request) error {
+	if err := s.store.health(r.Context()); err != nil {
+		return err
 	}
-	writeBody(w, http.StatusOK, []byte(`{"status":"ok"}`+"\n"))
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
 }
 
-// openapiDocument is openapi.json, the OpenAPI document of this API,
-// built into the binary so the running service describes itself.
+// openapiDocument describes this API; a test holds it to the routes.
 //
 //go:embed openapi.json
 var openapiDocument []byte
 
-// serveOpenAPI answers the document without a key, as written, in the
-// given media type: JSON is also YAML (YAML 1.2 is a superset of JSON),
-// so one document serves tools that ask for either (RFC 9512 names
-// application/yaml).
-func serveOpenAPI(mediaType string) http.HandlerFunc {
-	contentType := []string{mediaType}
-	return func(w http.ResponseWriter, r *http.Request) {
-		w.Header()["Content-Type"] = contentType
-		w.Header()["Content-Length"] = []string{strconv.Itoa(len(openapiDocument))}
+// serveDocument answers the document as the media type: JSON is YAML 1.2
+// too, so one document serves tools that ask for either.
+func serveDocument(mediaType string) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", mediaType)
+		w.Header().Set("Content-Length", strconv.Itoa(len(openapiDocument)))
 		w.Write(openapiDocument)
+		return nil
 	}
 }
 
-const (
-	// defaultLimit and maxLimit are the page sizes of the specification.
-	defaultLimit = 20
-	maxLimit     = 100
-	// maxBodyBytes bounds what a create may send: 16 KiB is twelve times
-	// the largest valid NewPet (about 1.3 KB, a name of 100 four-byte
-	// characters escaped), so no real client comes near it, and a flood
-	// of large bodies holds little memory.
-	maxBodyBytes = 16 << 10
-
-	// getPet was deprecated on 2026-11-22T00:00:00Z (RFC 9745 wants the
-	// date as @unix-seconds) and goes away on the specification's date.
-	getPetDeprecation = "@1795305600"
-	getPetSunset      = "Thu, 05 Dec 2030 00:00:00 GMT"
-	getPetSuccessor   = `</v1/pets>; rel="successor-version"`
-)
-
-// listOrders stands for GET /store/orders, which the specification names
-// but does not describe.
-func listOrders(w http.ResponseWriter, r *http.Request) {
-	writeError(w, http.StatusNotImplemented, codeNotImplemented,
-		"GET /v1/store/orders is named by the specification but not specified, so it is not implemented")
+// listOrders stands for GET /store/orders, named but not described by the
+// specification.
+func listOrders(w http.ResponseWriter, r *http.Request) error {
+	return errorf(http.StatusNotImplemented, "not_implemented", "GET /v1/store/orders is named by the specification but not specified, so it is not implemented")
 }
 
-// listPets answers GET /v1/pets: one page in ascending id, with a Link to
-// the next page when more pets match.
-func (s *server) listPets(w http.ResponseWriter, r *http.Request) {
-	f, err := parseListQuery(r.URL.RawQuery)
+// listPets answers one page in ascending id, with a Link to the next page
+// when more pets match.
+func (s *server) listPets(w http.ResponseWriter, r *http.Request) error {
+	q, err := parseListQuery(r.URL.RawQuery)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, codeInvalidParameter, err.Error())
-		return
+		return err
 	}
-	// One row more than asked tells whether there is a next page, so the
-	// last page, even an exactly full one, has no next link.
-	limit := f.limit
-	f.limit++
-	buf := getBuffer()
-	defer putBuffer(buf)
-	b := append(*buf, '[')
-	n, last := 0, int64(0)
-	err = s.store.listPets(f, func(p *petRow) {
-		if n == limit {
-			n++ // the extra row: only its existence matters
-			return
-		}
-		if n > 0 {
-			b = append(b, ',')
-		}
-		b = appendPetJSON(b, p)
-		n, last = n+1, p.id
-	})
-	*buf = b
+	// One more than asked tells whether there is a next page, so the last
+	// page, even an exactly full one, has no next link.
+	pets, err := s.store.listPets(r.Context(), q.status, q.after, q.limit+1)
 	if err != nil {
-		writeStoreError(w, r, s.log, err)
-		return
+		return err
 	}
-	if n > limit {
-		// The RFC 8288 Link to the next page, relative, so it stays right
-		// behind any domain or proxy.
-		q := "limit=" + strconv.Itoa(limit)
-		if f.status != "" {
-			q += "&status=" + f.status
+	if len(pets) > q.limit {
+		pets = pets[:q.limit]
+		next := "limit=" + strconv.Itoa(q.limit)
+		if q.status != "" {
+			next += "&status=" + q.status
 		}
-		w.Header()["Link"] = []string{"</v1/pets?" + q + "&after=" + strconv.FormatInt(last, 10) + `>; rel="next"`}
+		// RFC 8288, relative: it holds behind any domain or proxy.
+		w.Header().Set("Link", fmt.Sprintf(`</v1/pets?%s&after=%d>; rel="next"`, next, pets[len(pets)-1].ID))
 	}
-	*buf = append(b, ']', '\n')
-	writeBody(w, http.StatusOK, *buf)
+	writeJSON(w, http.StatusOK, pets)
+	return nil
 }
 
-// getPet answers GET /v1/pets/{petId}.
-func (s *server) getPet(w http.ResponseWriter, r *http.Request) {
-	if err := checkNoQuery(r.URL.RawQuery); err != nil {
-		writeError(w, http.StatusBadRequest, codeInvalidParameter, err.Error())
-		return
+// getPet answers one pet; the route is deprecated. It takes no query: a
+// typo must not pass for a filter that worked.
+func (s *server) getPet(w http.ResponseWriter, r *http.Request) error {
+	if r.URL.RawQuery != "" {
+		return badParameter("getPet takes no query parameters, got %s", quote(r.URL.RawQuery))
 	}
 	id, ok := parseDecimal(r.PathValue("petId"))
 	if !ok || id < 1 {
-		writeError(w, http.StatusBadRequest, codeInvalidParameter,
-			"petId must be a pet's id, an integer from 1 to 9223372036854775807, got "+quoteValue(r.PathValue("petId")))
-		return
+		return badParameter("petId must be a pet's id, an integer from 1 to 9223372036854775807, got %s", quote(r.PathValue("petId")))
 	}
-	buf := getBuffer()
-	defer putBuffer(buf)
-	err := s.store.getPet(id, func(p *petRow) {
-		*buf = append(appendPetJSON(*buf, p), '\n')
-	})
-	switch {
-	case errors.Is(err, errNotFound):
-		writeError(w, http.StatusNotFound, codeNotFound, "no pet with id "+strconv.FormatInt(id, 10))
-	case err != nil:
-		writeStoreError(w, r, s.log, err)
-	default:
-		writeBody(w, http.StatusOK, *buf)
+	p, err := s.store.getPet(r.Context(), id)
+	if err != nil {
+		return err
 	}
+	writeJSON(w, http.StatusOK, p)
+	return nil
 }
 
-// createPet answers POST /v1/pets. The 201 is sent only once the row is
-// committed. With an Idempotency-Key, a retry of the same request gets the
-// same 201 again instead of a second pet.
-func (s *server) createPet(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	if !isJSONContentType(r.Header.Get("Content-Type")) {
-		writeError(w, http.StatusUnsupportedMediaType, codeUnsupportedMediaType,
-			"send the body as JSON with the header Content-Type: application/json (curl: --json)")
-		return
+// createPet answers 201 only once the pet is committed. With an
+// Idempotency-Key, a retry of the same request gets the same 201 again.
+func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
+	if !isJSON(r.Header.Get("Content-Type")) {
+		return errorf(http.StatusUnsupportedMediaType, "unsupported_media_type", "send the body as JSON with the header Content-Type: application/json (curl: --json)")
 	}
 	key, err := idempotencyKey(r.Header)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, codeInvalidParameter, err.Error())
-		return
+		return err
 	}
-	// A body over the limit is read off until -read-timeout, or the
-	// create's deadline if sooner, so that its 413 can still be sent.
-	if s.createWithin > 0 && s.createWithin < s.readTimeout {
-		http.NewResponseController(w).SetReadDeadline(start.Add(s.createWithin))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if errors.As(err, new(*http.MaxBytesError)) {
+		return errorf(http.StatusRequestEntityTooLarge, "body_too_large", "request body is larger than %d bytes (16 KiB); a pet's body is well under 2 KB", maxBodyBytes)
+	} else if err != nil {
+		return errorf(http.StatusBadRequest, "invalid_body", "could not read the request body")
 	}
-	body, ok := readBody(w, r)
-	if !ok {
-		return
-	}
-	np, err := decodeNewPet(body)
+	pet, err := decodeNewPet(body)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, codeInvalidBody, err.Error())
-		return
+		return errorf(http.StatusBadRequest, "invalid_body", "%s", err)
 	}
-	c := createRequest{pet: np, idempotencyKey: key}
-	if key, ok := apiKeyOf(r.Context()); ok {
-		c.scope = idempotencyScope(key)
-	}
-	if s.createWithin > 0 {
-		// The store refuses a create whose commit has not begun by its
-		// deadline, and answers one that has begun with its outcome,
-		// however long the commit takes: the server's write timeout must
-		// not then cut the client off from a pet that was stored.
-		c.deadline = start.Add(s.createWithin)
-		http.NewResponseController(w).SetWriteDeadline(time.Time{})
-	}
-	p, replayed, err := s.store.createPet(r.Context(), c)
-	switch {
-	case errors.Is(err, errRefusedByDatabase):
-		writeError(w, http.StatusUnprocessableEntity, codeRefusedByDatabase, err.Error())
-	case errors.Is(err, errIdempotencyKeyReused):
-		writeError(w, http.StatusUnprocessableEntity, codeIdempotencyKeyReused,
-			"this Idempotency-Key was already used for a different pet; use a new key for a new request")
-	case err != nil:
-		writeStoreError(w, r, s.log, err)
-	}
+	// A create not begun within createWithin is not stored, and answered
+	// 503; one begun is answered with its outcome however long its commit
+	// takes, so the write timeout must not cut off a stored pet's 201.
+	ctx, cancel := context.WithTimeout(r.Context(), s.createWithin)
+	defer cancel()
+	http.NewResponseController(w).SetWriteDeadline(time.Time{})
+	p, replayed, err := s.store.createPet(ctx, pet, key, idempotencyScope(r.Context()))
 	if err != nil {
-		return
+		return err
 	}
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	w.Header().Set("Location", "/v1/pets/"+strconv.FormatInt(p.ID, 10))
-	row := petRow{id: p.ID, name: []byte(p.Name), categoryID: p.CategoryID, status: []byte(p.Status)}
-	writeBody(w, http.StatusCreated, append(appendPetJSON(nil, &row), '\n'))
+	writeJSON(w, http.StatusCreated, p)
+	return nil
 }
 
-// createDeadline is how long a create may take, from its handler's
-// start, before it must be answered: a margin inside the server's write
-// timeout, which cuts the connection. A create that cannot be committed
-// by then is refused with 503 and not stored, so a client never gets EOF
-// for a pet that was stored behind its back.
-// The margin is a quarter of the timeout, from 0.25 to 2 s, and never
-// more than half of it, so the deadline stays positive for any timeout.
-func createDeadline(writeTimeout time.Duration) time.Duration {
-	margin := min(2*time.Second, max(250*time.Millisecond, writeTimeout/4), writeTimeout/2)
-	return writeTimeout - margin
+// listQuery is what listPets was asked for.
+type listQuery struct {
+	limit  int
+	status string
+	after  int64
+}
+
+// parseListQuery reads listPets' query. Unknown and repeated parameters
+// are refused: a misspelt "stauts" must not return every pet. Of several
+// problems the first name in sorted order is named, whatever the order
+// sent.
+func parseListQuery(raw string) (listQuery, error) {
+	q := listQuery{limit: defaultLimit}
+	// Empty pairs mean nothing, and ParseQuery counts them to its limit.
+	values, err := url.ParseQuery(strings.Join(slices.DeleteFunc(strings.Split(raw, "&"), func(p string) bool { return p == "" }), "&"))
+	if err != nil {
+		return q, badParameter("malformed query string: use name=value pairs joined by &, percent-encoded")
+	}
+	for _, name := range slices.Sorted(maps.Keys(values)) {
+		v := values[name]
+		switch {
+		case len(v) > 1:
+			return q, badParameter("query parameter %s is given more than once", name)
+		case name == "limit":
+			n, ok := parseDecimal(v[0])
+			if !ok || n < 1 || n > maxLimit {
+				return q, badParameter("limit must be an integer from 1 to %d, got %s", maxLimit, quote(v[0]))
+			}
+			q.limit = int(n)
+		case name == "status":
+			if !slices.Contains(petStatuses, v[0]) {
+				return q, badParameter("status must be one of available, pending, sold, got %s", quote(v[0]))
+			}
+			q.status = v[0]
+		case name == "after":
+			var ok bool
+			if q.after, ok = parseDecimal(v[0]); !ok {
+				return q, badParameter("after must be the id of the last pet seen (an integer from 0 to 9223372036854775807), got %s", quote(v[0]))
+			}
+		default:
+			return q, badParameter("unknown query parameter %s; known: limit, status, after", quote(name))
+		}
+	}
+	return q, nil
+}
+
+// badParameter is a 400 for a query parameter or a header.
+func badParameter(format string, args ...any) error {
+	return errorf(http.StatusBadRequest, "invalid_parameter", format, args...)
+}
+
+// parseDecimal parses an int64 of plain digits: no sign, space, fraction
+// or exponent (ParseUint in base 10 takes nothing else; 63 bits bound it).
+func parseDecimal(s string) (int64, bool) {
+	n, err := strconv.ParseUint(s, 10, 63)
+	return int64(n), err == nil
+}
+
+// quote quotes a client's value for a message, cut short if huge.
+func quote(s string) string { return strconv.Quote(cut(s)) }
+
+// cut is s, or its first 64 characters and "...".
+func cut(s string) string {
+	if utf8.RuneCountInString(s) > 64 {
+		return string([]rune(s)[:64]) + "..."
+	}
+	return s
+}
+
+// isJSON accepts application/json with any parameters but a charset
+// other than UTF-8, the only one JSON has (RFC 8259). No header at all
+// is read as JSON, for curl -d.
+func isJSON(contentType string) bool {
+	if contentType == "" {
+		return true
+	}
+	mt, params, err := mime.ParseMediaType(contentType)
+	cs, hasCharset := params["charset"]
+	return err == nil && mt == "application/json" && (!hasCharset || strings.EqualFold(cs, "utf-8"))
+}
+
+// idempotencyKey reads the Idempotency-Key header
+// (draft-ietf-httpapi-idempotency-key-header): 1 to 255 printable ASCII
+// characters, taken as sent, quotes included, so a client that always
+// sends one form meets its own key. "" when none was sent.
+func idempotencyKey(h http.Header) (string, error) {
+	values := h.Values("Idempotency-Key")
+	if len(values) == 0 {
+		return "", nil
+	}
+	if key := values[0]; len(values) > 1 || key == "" || len(key) > 255 || !isPrintable(key) {
+		return "", badParameter("send one Idempotency-Key header of 1 to 255 printable ASCII characters")
+	}
+	return values[0], nil
+}
+
+// decodeNewPet reads a create's body and names every problem with it.
+// It walks the members with encoding/json's tokens: decoding into the
+// struct would take a member name in any case ("categoryID"), let a
+// duplicate win, and take what this API refuses ("categoryId": 1.0 or
+// "1", null for a name).
+func decodeNewPet(body []byte) (NewPet, error) {
+	switch trimmed := bytes.TrimSpace(body); {
+	case len(trimmed) == 0:
+		return NewPet{}, errors.New(`request body is empty; send a JSON object such as {"name":"Rex","categoryId":1}`)
+	case !utf8.Valid(body): // a string would get U+FFFD in its place, silently
+		return NewPet{}, errors.New("request body is not valid UTF-8")
+	case trimmed[0] != '{':
+		return NewPet{}, errors.New("request body must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.Token() // the {
+	members := map[string]json.RawMessage{}
+	var problems []string
+	for dec.More() {
+		name, err := dec.Token()
+		var value json.RawMessage
+		if err == nil {
+			err = dec.Decode(&value)
+		}
+		if err != nil {
+			return NewPet{}, jsonProblem(err)
+		}
+		if _, dup := members[name.(string)]; dup {
+			return NewPet{}, fmt.Errorf("field %s appears more than once", quote(name.(string)))
+		}
+		members[name.(string)] = value
+		switch name {
+		case "name", "categoryId", "status":
+		case "id":
+			problems = append(problems, "id must not be sent: the service assigns it")
+		default:
+			problems = append(problems, fmt.Sprintf("unknown field %s (a NewPet has name, categoryId and status)", quote(name.(string))))
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the }
+		return NewPet{}, jsonProblem(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return NewPet{}, errors.New("request body has data after the JSON object; send exactly one object")
+	}
+	pet := NewPet{Status: petStatuses[0]}
+	for _, problem := range []string{nameProblem(members["name"], &pet.Name), categoryProblem(members["categoryId"], &pet.CategoryID), statusProblem(members["status"], &pet.Status)} {
+		if problem != "" {
+			problems = append(problems, problem)
+		}
+	}
+	if len(problems) > 0 {
+		// At most a dozen or so fit in 16 KiB, so the message stays small.
+		return NewPet{}, errors.New(strings.Join(problems, "; "))
+	}
+	return pet, nil
+}
+
+// jsonProblem says what encoding/json found wrong with a body.
+func jsonProblem(err error) error {
+	var syntax *json.SyntaxError
+	if errors.As(err, &syntax) {
+		return fmt.Errorf("request body is not valid JSON: %v (at byte %d)", err, syntax.Offset)
+	}
+	return errors.New("request body is not valid JSON: it ends before the object is complete")
+}
+
+// nameProblem checks the name member into name; it returns what is wrong.
+func nameProblem(raw json.RawMessage, name *string) string {
+	switch {
+	case raw == nil || string(raw) == "null":
+		return "name is required"
+	case raw[0] != '"' || json.Unmarshal(raw, name) != nil:
+		return "name must be a string"
+	case strings.TrimSpace(*name) == "":
+		return "name must not be empty or only whitespace"
+	case utf8.RuneCountInString(*name) > maxNameLength:
+		return fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(*name))
+	case strings.ContainsFunc(*name, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) }):
+		// Control characters break lines of logs and scripts; format
+		// characters are invisible, and make a name look empty or read as
+		// another ("Trojan Source").
+		return "name must not contain control, format or line separator characters (such as tab, newline, U+200B zero-width space, U+202E right-to-left override or U+2028)"
+	case strings.ContainsRune(*name, utf8.RuneError):
+		// Decoding puts U+FFFD, silently, for a \u escape of half a
+		// surrogate pair: the name stored would not be the one sent.
+		return "name must not contain U+FFFD, the replacement character, or a \\u escape of half a UTF-16 surrogate pair (such as \\ud800 alone)"
+	}
+	return ""
+}
+
+// categoryProblem checks categoryId into id: a JSON integer from 1 to
+// MaxInt64, parsed from its text so that no float64 rounds it.
+func categoryProblem(raw json.RawMessage, id *int64) string {
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	switch {
+	case raw == nil || string(raw) == "null":
+		return "categoryId is required"
+	case raw[0] == '"':
+		return "categoryId must be a JSON integer from 1 to 9223372036854775807, not a string"
+	case err != nil || n < 1:
+		return "categoryId must be a JSON integer from 1 to 9223372036854775807, got " + quote(string(raw))
+	}
+	*id = n
+	return ""
+}
+
+// statusProblem checks an optional status into status.
+func statusProblem(raw json.RawMessage, status *string) string {
+	if raw != nil && (raw[0] != '"' || json.Unmarshal(raw, status) != nil || !slices.Contains(petStatuses, *status)) {
+		return "status must be one of available, pending, sold (or omitted, for available), got " + cut(string(raw))
+	}
+	return ""
 }

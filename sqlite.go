@@ -1,14 +1,15 @@
 //go:build cgo
 
-// Everything that names go-sqlite3's own types: the driver as the service
-// registers it, and SQLite's error codes read into the service's terms.
-// Built only with cgo; nocgo.go stands in for it where cgo is off.
+// All that names go-sqlite3's own types: the driver as the service
+// registers it, and SQLite's error codes read as the store's faults.
+// nocgo.go stands in where cgo is off.
 
 package main
 
 import (
 	"database/sql"
 	"errors"
+	"syscall"
 
 	"github.com/mattn/go-sqlite3"
 )
@@ -22,16 +23,13 @@ func init() {
 }
 
 // setUpConnection sets what the DSN cannot:
-//   - the -wal and -shm files are kept when a connection closes (the WAL
-//     emptied). SQLite deletes them on a clean close by default, and then
-//     a restart on a full disk fails: a new -shm needs 32 KiB. Kept, they
-//     let the service start and serve reads with no byte free.
-//   - temporary files, among them an insert's statement journal (the
-//     CHECK constraint's length() makes every insert keep one), live in
-//     memory in SQLite's small chunks. Otherwise SQLite keeps each in one
-//     64 KiB chunk, allocated and freed on every create; glibc's malloc
-//     handed that back to the kernel each time, which cost a fifth of
-//     create throughput (docs/performance.md).
+//   - the -wal and -shm are kept when the last connection closes (the WAL
+//     emptied): SQLite deletes them by default, and then a start on a
+//     full disk fails, as a new -shm needs 32 KiB, and one on a read-only
+//     disk cannot make them. Kept, the service starts and serves reads.
+//   - temporary files, an insert's statement journal among them, live in
+//     memory: a 64 KiB one made and freed for every create cost a fifth
+//     of create throughput in glibc's malloc.
 func setUpConnection(c *sqlite3.SQLiteConn) error {
 	if err := c.SetFileControlInt("main", sqlite3.SQLITE_FCNTL_PERSIST_WAL, 1); err != nil {
 		return err
@@ -40,51 +38,53 @@ func setUpConnection(c *sqlite3.SQLiteConn) error {
 	return err
 }
 
-// sqliteFault tells whether err is SQLite's, and which storage fault its
-// code means (faultNone for a code that means no fault).
-func sqliteFault(err error) (kind faultKind, isSQLite bool) {
-	var sqliteErr sqlite3.Error
-	if !errors.As(err, &sqliteErr) {
-		return faultNone, false
+// sqliteFault tells which storage fault an error of SQLite's is, if any.
+func sqliteFault(err error) (faultKind, bool) {
+	var e sqlite3.Error
+	if !errors.As(err, &e) {
+		return "", false
 	}
-	// The system's errno says more than SQLite's code: a write refused
-	// for an immutable file is SQLITE_IOERR_WRITE with EPERM. But a
-	// failed fsync is an I/O fault whatever its errno: ENOSPC from a
-	// thin-provisioned volume means written pages were dropped.
-	fsync := sqliteErr.ExtendedCode == sqlite3.ErrIoErrFsync || sqliteErr.ExtendedCode == sqlite3.ErrIoErrDirFsync
-	if kind, ok := classifyErrno(sqliteErr.SystemErrno); ok && !fsync {
+	// The system's errno says more than SQLite's code (a write refused
+	// for an immutable file is SQLITE_IOERR_WRITE with EPERM), except for
+	// a failed fsync, an I/O fault whatever its errno: ENOSPC from a thin
+	// volume means written pages were dropped.
+	fsync := e.ExtendedCode == sqlite3.ErrIoErrFsync || e.ExtendedCode == sqlite3.ErrIoErrDirFsync
+	if kind, ok := classifyErrno(e.SystemErrno); ok && !fsync {
 		return kind, true
 	}
-	switch sqliteErr.Code {
+	switch e.Code {
 	case sqlite3.ErrFull:
 		return faultDiskFull, true
-	case sqlite3.ErrReadonly, sqlite3.ErrPerm:
-		if sqliteErr.ExtendedCode == sqlite3.ErrReadonlyDbMoved {
-			return faultReplaced, true
-		}
+	case sqlite3.ErrReadonly, sqlite3.ErrPerm, sqlite3.ErrCantOpen:
+		// CANTOPEN: a file SQLite must make (the -wal, the -shm) cannot be,
+		// as on a read-only disk after an outside sqlite3 removed them.
 		return faultReadOnly, true
-	case sqlite3.ErrIoErr, sqlite3.ErrCantOpen:
+	case sqlite3.ErrIoErr:
 		return faultIO, true
 	case sqlite3.ErrBusy, sqlite3.ErrLocked:
 		return faultLocked, true
 	case sqlite3.ErrCorrupt, sqlite3.ErrNotADB:
 		return faultDamaged, true
 	}
-	return faultNone, true
+	return "", false
 }
 
-// constraintRefusal returns SQLite's error if err is a constraint of the
-// schema refusing a row, or nil.
-func constraintRefusal(err error) error {
-	var refusal sqlite3.Error
-	if errors.As(err, &refusal) && refusal.Code == sqlite3.ErrConstraint {
-		return refusal
+// classifyErrno maps the system errors that mean a storage fault.
+func classifyErrno(errno syscall.Errno) (faultKind, bool) {
+	switch errno {
+	case syscall.ENOSPC, syscall.EDQUOT:
+		return faultDiskFull, true
+	case syscall.EROFS, syscall.EPERM, syscall.EACCES:
+		return faultReadOnly, true
+	case syscall.EIO:
+		return faultIO, true
 	}
-	return nil
+	return "", false
 }
 
-// inTransaction reports whether the driver's connection dc is inside a
-// transaction.
-func inTransaction(dc any) bool {
-	return !dc.(*sqlite3.SQLiteConn).AutoCommit()
+// isConstraint reports whether err is a rule of the file refusing a row:
+// a CHECK, a unique index, or an operator's trigger's RAISE.
+func isConstraint(err error) bool {
+	var e sqlite3.Error
+	return errors.As(err, &e) && e.Code == sqlite3.ErrConstraint
 }

@@ -1,967 +1,559 @@
-// The store: one SQLite file, its schema and migrations, its one
-// connection, and the reads. Creates go through the writer (writer.go);
-// lists and gets are answered from the in-memory view, at the end of this
-// file.
+// The store: the catalogue in one SQLite file. Creates go through one
+// writer goroutine, which commits whatever is queued in one transaction
+// and one fsync (group commit); lists and gets are prepared SQL on a pool
+// of read connections, and SQLite's page cache is the only cache. The
+// store speaks no HTTP: it returns Go values and the typed errors at the
+// end of this file, which errors.go alone turns into answers.
 
 package main
 
 import (
+	"bytes"
+	"cmp"
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
-	"runtime/debug"
-	"slices"
-	"sort"
-	"strconv"
-	"strings"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
-	"unsafe"
 )
 
-// The catalogue's own terms, which the API and the storage both speak.
+// schema holds the migrations: file i takes a database from schema
+// version i to i+1; PRAGMA user_version holds the version, so an older
+// binary refuses a file it does not understand.
+//
+//go:embed schema/*.sql
+var schema embed.FS
 
-// NewPet is a pet to be stored: the body of a create.
-type NewPet struct {
-	Name       string `json:"name"`
-	CategoryID int64  `json:"categoryId"`
-	Status     string `json:"status"`
-}
+// migrations are the schema's files, in version order (a valid pattern
+// on an embedded tree: it cannot fail).
+var migrations, _ = fs.Glob(schema, "schema/*.sql")
 
-// Pet is a stored animal: a NewPet with the id the store assigned.
-type Pet struct {
-	ID         int64  `json:"id"`
-	Name       string `json:"name"`
-	CategoryID int64  `json:"categoryId"`
-	Status     string `json:"status"`
-}
-
-const (
-	// maxNameLength is counted in characters (Unicode code points).
-	maxNameLength = 100
-	// defaultStatus is what an omitted status is stored as.
-	defaultStatus = "available"
-)
-
-// petStatuses is the PetStatus enumeration, in the specification's order.
-var petStatuses = []string{"available", "pending", "sold"}
-
-var (
-	// errNotFound: no pet has the requested id.
-	errNotFound = errors.New("not found")
-	// errIdempotencyKeyReused: the Idempotency-Key already created a pet
-	// from a different request.
-	errIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
-	// errNotPetstore: the file is another application's, and is left
-	// untouched.
-	errNotPetstore = errors.New("not a petstore database")
-)
-
-// migrations[i] moves a database from schema version i to i+1. The version
-// lives in PRAGMA user_version, so a newer binary can upgrade a store's
-// existing file in place and an older binary refuses a file it cannot read.
-var migrations = []string{
-	// 0 -> 1: the catalogue. AUTOINCREMENT so an id is never handed out
-	// twice, even if rows are ever removed by hand. STRICT and the CHECKs
-	// keep the file valid even if it is written by something other than
-	// this service. The (status, id) index serves the status filter in id
-	// order without a sort.
-	`CREATE TABLE pets (
-		id          INTEGER PRIMARY KEY AUTOINCREMENT,
-		name        TEXT    NOT NULL CHECK (length(name) BETWEEN 1 AND 100),
-		category_id INTEGER NOT NULL CHECK (category_id >= 1),
-		status      TEXT    NOT NULL CHECK (status IN ('available', 'pending', 'sold'))
-	) STRICT;
-	CREATE INDEX pets_status_id ON pets (status, id);`,
-
-	// 1 -> 2: Idempotency-Key. The key and a fingerprint of the request
-	// live in the pet's own row, so they commit with it: a retry after a
-	// crash finds exactly the pets that were acknowledged. Partial unique
-	// index: most rows have no key and cost nothing in it.
-	`ALTER TABLE pets ADD COLUMN idempotency_key TEXT;
-	ALTER TABLE pets ADD COLUMN request_fingerprint BLOB;
-	CREATE UNIQUE INDEX pets_idempotency_key ON pets (idempotency_key)
-		WHERE idempotency_key IS NOT NULL;`,
-
-	// 2 -> 3: the status filter reads a covering index, so a page of one
-	// status is one range scan of the index instead of a table lookup per
-	// pet; it replaces the (status, id) index, which it contains.
-	`CREATE INDEX pets_status_cover ON pets (status, id, name, category_id);
-	DROP INDEX pets_status_id;`,
-
-	// 3 -> 4: mark the file as petstore's, so a start on another
-	// application's SQLite file is refused instead of adding a table to it.
-	fmt.Sprintf("PRAGMA application_id = %d;", petstoreApplicationID),
-
-	// 4 -> 5: count the changes to pets, so the service tells appends
-	// from any other change made from outside (an operator's sqlite3, a
-	// restore) whatever else shares the file: PRAGMA data_version moves
-	// for a commit to any table, and Litestream keeps tables of its own
-	// here. Triggers count every row inserted, and every row updated or
-	// deleted, by anyone; the writer counts its own inserts (see view).
-	`CREATE TABLE pets_changes (
-		id       INTEGER PRIMARY KEY CHECK (id = 1),
-		inserted INTEGER NOT NULL,
-		changed  INTEGER NOT NULL
-	) STRICT;
-	INSERT INTO pets_changes VALUES (1, (SELECT count(*) FROM pets), 0);
-	CREATE TRIGGER pets_inserted AFTER INSERT ON pets
-		BEGIN UPDATE pets_changes SET inserted = inserted + 1; END;
-	CREATE TRIGGER pets_updated AFTER UPDATE ON pets
-		BEGIN UPDATE pets_changes SET changed = changed + 1; END;
-	CREATE TRIGGER pets_deleted AFTER DELETE ON pets
-		BEGIN UPDATE pets_changes SET changed = changed + 1; END;
-	-- INSERT OR REPLACE deletes the row it replaces without firing delete
-	-- triggers (recursive_triggers is off by default): count it here.
-	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
-		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
-			OR (NEW.idempotency_key IS NOT NULL
-				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_key = NEW.idempotency_key))
-		BEGIN UPDATE pets_changes SET changed = changed + 1; END;`,
-
-	// 5 -> 6: an Idempotency-Key belongs to the API key that sent it, as
-	// in Stripe's API and the IETF draft: two clients that both number
-	// their orders must not get each other's pets. The scope is a digest
-	// derived from the API key's (idempotencyScope), never the key. Rows
-	// from before this version have no scope, and match no request: which
-	// client sent them is not known, and replaying one to another client
-	// is the loss this prevents (a retry that spans the upgrade makes a
-	// second pet instead).
-	`ALTER TABLE pets ADD COLUMN idempotency_scope BLOB;
-	DROP INDEX pets_idempotency_key;
-	CREATE UNIQUE INDEX pets_idempotency_key ON pets (idempotency_scope, idempotency_key)
-		WHERE idempotency_key IS NOT NULL AND idempotency_scope IS NOT NULL;
-	DROP TRIGGER pets_replacing;
-	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
-		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
-			OR (NEW.idempotency_key IS NOT NULL AND NEW.idempotency_scope IS NOT NULL
-				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_scope = NEW.idempotency_scope
-					AND idempotency_key = NEW.idempotency_key))
-		BEGIN UPDATE pets_changes SET changed = changed + 1; END;`,
-
-	// 6 -> 7: lists and gets are answered from the in-memory view, never
-	// from the file, so the status index only cost every insert the write
-	// of a second b-tree holding the name.
-	`DROP INDEX IF EXISTS pets_status_cover;`,
-
-	// 7 -> 8: deletes are counted apart from updates, so that the rows
-	// the file should hold are known (inserted - deleted), and pets lost
-	// with no delete recorded are found (see petsMissing). Rows missing
-	// at the upgrade cannot be told apart: they count as deleted. A row
-	// that INSERT OR REPLACE removes fires no delete trigger: the BEFORE
-	// INSERT trigger counts it, as it counts the change. It cannot tell
-	// INSERT OR IGNORE, which removes nothing, and counts one delete too
-	// many for it (docs/operations.md: Pets missing from the file).
-	`ALTER TABLE pets_changes ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0;
-	UPDATE pets_changes SET deleted = inserted - (SELECT count(*) FROM pets);
-	DROP TRIGGER pets_deleted;
-	CREATE TRIGGER pets_deleted AFTER DELETE ON pets
-		BEGIN UPDATE pets_changes SET changed = changed + 1, deleted = deleted + 1; END;
-	DROP TRIGGER pets_replacing;
-	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
-		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
-			OR (NEW.idempotency_key IS NOT NULL AND NEW.idempotency_scope IS NOT NULL
-				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_scope = NEW.idempotency_scope
-					AND idempotency_key = NEW.idempotency_key))
-		BEGIN UPDATE pets_changes SET changed = changed + 1, deleted = deleted + 1; END;`,
-}
-
-// topIDQuery is the highest id the file holds or has handed out
-// (AUTOINCREMENT keeps the latter in sqlite_sequence).
-const topIDQuery = `SELECT max(coalesce((SELECT max(id) FROM pets), 0),
-	coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))`
-
-// petstoreApplicationID is PRAGMA application_id of petstore's files:
-// "PETS" in ASCII. file(1) and other tools show it too.
+// petstoreApplicationID is PRAGMA application_id of petstore's files,
+// "PETS" in ASCII (schema/0004).
 const petstoreApplicationID = 0x50455453
 
-// petStore keeps the catalogue in one SQLite file. Writes go through a
-// single connection owned by one goroutine, which commits concurrent
-// creates together (group commit), so writers queue in Go rather than
-// fighting over the file lock ("database is locked"); reads are answered
-// from the in-memory view (below).
-type petStore struct {
-	file   *dbFile
-	writer *sql.DB // one connection, owned by the writer loop
-	log    *slog.Logger
+// dsn is the go-sqlite3 address of the file at path. Options are DSN
+// parameters, not a one-off PRAGMA, because the driver applies them to
+// every connection database/sql opens:
+//   - WAL: readers run beside the writer, and a commit is one append;
+//   - synchronous FULL: a commit is fsynced before it returns, so a 201
+//     survives a power loss, not only a crash;
+//   - a 5 s busy timeout: a backup or an operator's sqlite3 may hold the
+//     lock a moment;
+//   - txlock immediate: a write transaction takes the write lock as it
+//     begins, so a create never has to be retried after reading;
+//   - no mutex: database/sql gives a connection to one goroutine at a
+//     time, so SQLite's own lock on every call only costs time.
+func dsn(path string) string {
+	return fileURI(path) + "?_journal_mode=WAL&_synchronous=FULL&_busy_timeout=5000&_txlock=immediate&_mutex=no"
+}
 
-	view  view       // lists and gets from memory (below)
-	queue writeQueue // creates on their way to the writer (writer.go)
+// fileURI is path in SQLite's "file:" form, escaped: a '?' or '#' in a
+// name must not start the options.
+func fileURI(path string) string { return "file:" + (&url.URL{Path: path}).EscapedPath() }
 
-	// What is wrong with the storage (faults.go): a fault that lasts until
-	// a restart, the passing fault in force, and when the commit under way
-	// began (0 between commits).
-	lasting atomic.Pointer[storageError]
-	// savedInPlace: after the -wal or -shm vanished, the database at its
-	// path came to hold every pet (see checkpointInPlace). Writer loop only.
-	savedInPlace bool
-	faults       faultLog
-	commitStart  atomic.Int64
+// readOnlyDSN reads path with SQLite's defaults, as the service's DSN
+// would switch another application's file to WAL. Without a -wal beside
+// it, it is read as immutable, so no -wal or -shm is made beside it.
+func readOnlyDSN(path string) string {
+	if _, err := os.Stat(path + "-wal"); errors.Is(err, os.ErrNotExist) {
+		return fileURI(path) + "?mode=ro&immutable=1"
+	}
+	return fileURI(path) + "?mode=ro&_busy_timeout=5000"
+}
 
-	// The count check (countLoop): countsShort is set when the file held
-	// fewer rows than its counts; stopCount ends the loop, which closes
-	// counted.
-	countsShort        atomic.Bool
-	stopCount, counted chan struct{}
-	// ready is closed once the writer loop's start-up work is done (see
-	// startUp).
-	ready chan struct{}
+// store keeps the catalogue; openStore sets its fields once.
+type store struct {
+	path            string
+	lock            *os.File // one service a file; closed last
+	writer, readers *sql.DB  // the writer: one connection, the writer loop's
+	log             *slog.Logger
 
+	listAll, listStatus, getOne, findKey, insert *sql.Stmt
+
+	creates  chan *createRequest // unbuffered: a create sent is taken
+	closed   chan struct{}
+	loopDone chan struct{}
+
+	lasting   atomic.Pointer[storageError] // a fault that lasts until a restart
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// busyTimeoutMillis is how long a connection waits for a lock another
-// process holds before the request is refused as "database locked".
-const busyTimeoutMillis = 5000
-
-// sqliteDSN builds a go-sqlite3 DSN. Options are DSN parameters, not a
-// one-off db.Exec("PRAGMA ..."), because the driver applies them to every
-// connection it opens, and database/sql opens connections at will.
-func sqliteDSN(path string, extra ...string) string {
-	params := []string{
-		// WAL lets readers run while the writer commits, and a commit is
-		// one append to the log instead of a rewrite of pages.
-		"_journal_mode=WAL",
-		// A backup or an operator's sqlite3 shell may hold the lock for a
-		// moment; wait for it instead of failing the request.
-		"_busy_timeout=" + strconv.Itoa(busyTimeoutMillis),
-		// No foreign keys today, but a later schema version may add a
-		// category table; the setting must already be on for every
-		// connection when it does.
-		"_foreign_keys=on",
-		// FULL: a commit is on stable storage (WAL fsynced) before it
-		// returns, so a 201 survives a power loss, not only a crash.
-		"_synchronous=FULL",
-		// database/sql hands a connection to one goroutine at a time, so
-		// SQLite's own per-call mutex (FULLMUTEX) only costs time.
-		"_mutex=no",
-	}
-	params = append(params, extra...)
-	return fileURI(path) + "?" + strings.Join(params, "&")
-}
-
-// fileURI is path in the "file:" form that lets SQLite read it as a URI,
-// escaped: a '?' or '#' in a file name must not start the options.
-func fileURI(path string) string {
-	return "file:" + (&url.URL{Path: path}).EscapedPath()
-}
-
-// readOnlyDSN opens path for reading only, with SQLite's defaults (not
-// the service's DSN, which would switch a rollback-journal file to WAL
-// and create a -wal and -shm beside it), waiting out a lock as the
-// service does.
-func readOnlyDSN(path string) string {
-	return fileURI(path) + "?mode=ro&_busy_timeout=" + strconv.Itoa(busyTimeoutMillis)
-}
-
-// firstLookDSN is readOnlyDSN for a file not yet known to be petstore's:
-// where no -wal is beside it, immutable, so that SQLite creates no -wal
-// and -shm beside a WAL-mode file of another application either.
-func firstLookDSN(path string) string {
-	if _, err := os.Stat(path + "-wal"); errors.Is(err, os.ErrNotExist) {
-		return readOnlyDSN(path) + "&immutable=1"
-	}
-	return readOnlyDSN(path)
-}
-
-// openStore opens (creating if needed) the database file at path and brings
-// its schema up to date. It writes to the file only when a migration is
-// due, so it starts, and serves reads, on a full or read-only disk.
-func openStore(path string, log *slog.Logger) (*petStore, error) {
-	file, err := openDBFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var writer *sql.DB
-	fail := func(err error) (*petStore, error) {
-		if writer != nil {
-			writer.Close()
-		}
-		file.close()
-		if _, isSQLite := sqliteFault(err); file.readOnly.Load() && isSQLite {
-			// SQLite's own message ("unable to open database file",
-			// "attempt to write a readonly database") does not say that
-			// opening the file needs a write.
-			err = fmt.Errorf("the database file or its filesystem is read-only, and to open it SQLite must write "+
-				"(switch a rollback-journal file to WAL, or create the -wal and -shm of a WAL file) (%v): "+
-				"make it writable, or start once where it is (a clean stop keeps the -wal and -shm files, and then a read-only start serves reads)", err)
-		}
+// openStore opens the file at path, creating it if missing, checks whose
+// it is and that it is whole, and migrates it. It writes only when a
+// migration is due, so it starts on a full or read-only disk, and reads.
+func openStore(path string, log *slog.Logger) (*store, error) {
+	s := &store{path: path, log: log, creates: make(chan *createRequest), closed: make(chan struct{}), loopDone: make(chan struct{})}
+	if err := s.open(); err != nil {
+		s.closeFiles()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	due, err := inspect(path)
-	if err != nil {
-		return fail(err)
-	}
-	file.openAcked()
-	// _txlock=immediate: a write transaction takes the write lock when it
-	// begins, so it never has to be retried after reading.
-	if writer, err = sql.Open(sqliteDriver, sqliteDSN(path, "_txlock=immediate")); err != nil {
-		return fail(err)
-	}
-	writer.SetMaxOpenConns(1) // never closed for idling or age: database/sql's defaults
-
-	s := &petStore{file: file, writer: writer, log: log,
-		queue:     writeQueue{writes: make(chan *writeRequest, maxBatch), loopDone: make(chan struct{})},
-		faults:    faultLog{log: log, path: file.path},
-		stopCount: make(chan struct{}), counted: make(chan struct{}), ready: make(chan struct{})}
-	if due {
-		s.storageFault(quickCheck(writer)) // before the migration's writes
-		if s.lasting.Load() == nil {
-			if err := s.migrate(); err != nil {
-				return fail(err)
-			}
-		}
-	}
-	w, err := newBatchWriter(writer)
-	if f := s.lasting.Load(); err != nil && f != nil && f.kind == faultDamaged {
-		// A damaged file can fail even to prepare a statement (a schema
-		// page lost): what quick_check found is the cause to name.
-		err = fmt.Errorf("%s (then: %v); restore the Litestream replica or the latest backup (docs/operations.md: Backups and restore)",
-			strings.ReplaceAll(f.Error(), "\n", "; "), err)
-	}
-	if err != nil {
-		return fail(err)
-	}
-	// The read opens the -wal and -shm files too, which are then watched.
-	if s.view.highWater, err = w.topID(); err != nil {
-		w.close()
-		return fail(err)
-	}
-	file.noteOpened()
-	counter, err := sql.Open("sqlite3", readOnlyDSN(file.path))
-	if err != nil {
-		w.close()
-		return fail(err)
-	}
-	// A file damaged while the service was down is found before the
-	// first write; quick_check reads every page, so it runs on a
-	// connection of its own while the view loads (at 1,000,000 pets each
-	// takes about a second).
-	checked := make(chan error, 1)
-	if due {
-		checked <- nil // checked before the migration
-	} else {
-		go func() { checked <- quickCheck(counter) }()
-	}
-	go s.writeLoop(w, checked)
-	go s.countLoop(counter)
+	go s.writeLoop()
 	return s, nil
 }
 
-// startUp is the writer loop's first work, done while the service
-// already answers: at 1,000,000 pets it takes about a second, and
-// meanwhile the health check says "starting", reads wait for the view and
-// creates queue. It loads the view, takes quick_check's verdict, checks
-// what the service had acknowledged, and, on storage that looks full or
-// read-only, tries a write, so that the health check is true from its first "ok".
-func (s *petStore) startUp(w *batchWriter, checked <-chan error) *batchWriter {
-	defer close(s.ready)
-	// In a read transaction: a snapshot that takes no lock.
-	w.tx(context.Background(), w.beginRead, func() error {
-		s.load(w, "start")
-		return nil
-	})
-	if err := s.storageFault(<-checked); err != nil && s.lasting.Load() == nil {
-		// A passing cause (a lock held for longer than the busy timeout):
-		// the file goes unchecked until the next start, and the log says
-		// so.
-		s.log.Warn("quick_check could not run at start: the database file was not checked for damage", "err", err.Error(), "db", s.file.path)
+// lockFile creates the file at path private to the user (SQLite would
+// take the umask, and gives the -wal and -shm the file's mode), or opens
+// it to read if it cannot be written, and takes an exclusive flock, held
+// until the file is closed: a second service on it refuses to start.
+// SQLite's own locks are POSIX locks, which flock does not touch.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		if f, err = os.Open(path); err != nil {
+			return nil, err
+		}
 	}
-	s.checkAcked(w)
-	if s.storageDoubtful() {
-		s.probeWrite(&w)
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, errors.New("it is in use by another petstore process; run one service per database file")
+		}
+		return nil, err
 	}
-	return w
+	return f, nil
 }
 
-// inspect reads whose file this is and whether a migration is due. A
-// SQLite file of another application is refused, so a wrong -db cannot
-// add a table to it. It reads through a read-only connection of its own,
-// without the service's DSN, which would switch a refused file to WAL.
-func inspect(path string) (migrationDue bool, err error) {
-	ctx := context.Background()
-	db, err := sql.Open("sqlite3", firstLookDSN(path))
-	if err != nil {
-		return false, err
+// open locks the file, checks it, migrates it and prepares every
+// statement. sql.Open fails only for an unknown driver.
+func (s *store) open() (err error) {
+	if s.lock, err = lockFile(s.path); err != nil {
+		return err
 	}
+	version, err := inspect(s.path)
+	if err != nil {
+		return err
+	}
+	s.writer, _ = sql.Open(sqliteDriver, dsn(s.path))
+	s.writer.SetMaxOpenConns(1)
+	// quick_check reads every page: a file damaged while the service was
+	// down is refused for writing before anything, a migration included,
+	// is written on it; what can be read of it is still served.
+	var check string
+	if err := s.fault(s.writer.QueryRow("PRAGMA quick_check(1)").Scan(&check)); err == nil && check != "ok" {
+		s.fault(&storageError{faultDamaged, errors.New("quick_check: " + check)})
+	} else if err != nil && s.lasting.Load() == nil {
+		return err
+	}
+	if version < len(migrations) && s.lasting.Load() == nil {
+		if err := migrate(s.writer, version); err != nil {
+			return err
+		}
+	}
+	s.readers, _ = sql.Open(sqliteDriver, dsn(s.path))
+	s.readers.SetMaxOpenConns(2 * runtime.GOMAXPROCS(0))
+	s.readers.SetMaxIdleConns(2 * runtime.GOMAXPROCS(0)) // database/sql keeps 2, and would open the rest anew
+	prepare := func(db *sql.DB, query string) *sql.Stmt {
+		st, prepErr := db.Prepare(query)
+		err = cmp.Or(err, prepErr)
+		return st
+	}
+	const columns = "SELECT id, name, category_id, status FROM pets "
+	s.listAll = prepare(s.readers, columns+"WHERE id > ? ORDER BY id LIMIT ?")
+	s.listStatus = prepare(s.readers, columns+"WHERE status = ? AND id > ? ORDER BY id LIMIT ?")
+	s.getOne = prepare(s.readers, columns+"WHERE id = ?")
+	s.findKey = prepare(s.writer, "SELECT id, name, category_id, status, request_fingerprint FROM pets WHERE idempotency_scope = ? AND idempotency_key = ?")
+	s.insert = prepare(s.writer, "INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint) VALUES (?, ?, ?, ?, ?, ?)")
+	if f := s.lasting.Load(); err != nil && f != nil {
+		return fmt.Errorf("%v (then: %w)", f, err) // a damaged file may fail even to prepare: name quick_check's finding
+	}
+	return err
+}
+
+// inspect reads, on a read-only connection of its own, whose file this is
+// and its schema version. Another application's SQLite file is refused,
+// so a wrong -db cannot add a table to it.
+func inspect(path string) (version int, err error) {
+	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
 	defer db.Close()
-	var appID, version int64
-	if err := db.QueryRowContext(ctx, "SELECT * FROM pragma_application_id, pragma_user_version").Scan(&appID, &version); err != nil {
-		return false, err
+	// An unmarked file (schemas 1 to 3 were) is petstore's only if it
+	// holds petstore's tables alone; one of version 0, none.
+	var appID int64
+	var foreign string
+	err = db.QueryRow(`SELECT application_id, user_version, (SELECT coalesce(group_concat(name, ', '), '') FROM sqlite_schema
+		WHERE type IN ('table', 'view') AND (user_version = 0 OR name NOT IN ('pets', 'sqlite_sequence')))
+		FROM pragma_application_id, pragma_user_version`).Scan(&appID, &version, &foreign)
+	switch {
+	case err != nil:
+		return 0, err
+	case appID != petstoreApplicationID && appID != 0:
+		return 0, fmt.Errorf("%w: it belongs to another application (SQLite application_id %#x)", errNotPetstore, appID)
+	case appID == 0 && foreign != "":
+		return 0, fmt.Errorf("%w: it holds tables petstore did not make (%s)", errNotPetstore, foreign)
+	case version > len(migrations):
+		return 0, fmt.Errorf("schema version %d is newer than this build understands (%d); use a newer petstore", version, len(migrations))
 	}
-	if appID != petstoreApplicationID && appID != 0 {
-		return false, fmt.Errorf("%w: it belongs to another application (SQLite application_id %#x)", errNotPetstore, appID)
-	}
-	if appID == 0 {
-		// An unmarked file is an earlier petstore's only if it holds
-		// petstore's tables alone, and a file of version 0 holds none.
-		var foreign string
-		if err := db.QueryRowContext(ctx, `SELECT coalesce(group_concat(name, ', '), '') FROM (SELECT name FROM sqlite_schema
-			WHERE type IN ('table', 'view') AND (? = 0 OR name NOT IN ('pets', 'pets_changes', 'sqlite_sequence')) ORDER BY name)`, version).Scan(&foreign); err != nil {
-			return false, err
-		}
-		if foreign != "" {
-			return false, fmt.Errorf("%w: it holds tables petstore did not make (%s)", errNotPetstore, foreign)
-		}
-		// An earlier petstore's file, unmarked: its pets table must be the
-		// one that version made, or the migrations would change (and
-		// first switch to WAL, or mark as petstore's) another
-		// application's file.
-		if version >= 1 && version < int64(len(migrations)) {
-			want := "id, name, category_id, status"
-			if version >= 2 {
-				want += ", idempotency_key, request_fingerprint"
-			}
-			var got string
-			if err := db.QueryRowContext(ctx, "SELECT coalesce(group_concat(name, ', '), '') FROM (SELECT name FROM pragma_table_info('pets') ORDER BY cid)").Scan(&got); err != nil {
-				return false, err
-			}
-			if got != want {
-				return false, fmt.Errorf("%w: its pets table has the columns (%s), not petstore's (%s)", errNotPetstore, got, want)
-			}
-		}
-	}
-	if version > int64(len(migrations)) {
-		return false, fmt.Errorf("schema version %d is newer than this build understands (%d); use a newer petstore", version, len(migrations))
-	}
-	return version < int64(len(migrations)), nil
+	return version, nil
 }
 
-// migrate applies the migrations the file has not seen yet, all in one
-// transaction, so a failed upgrade leaves the file as it was.
-func (s *petStore) migrate() error {
-	ctx := context.Background()
-	tx, err := s.writer.BeginTx(ctx, nil)
+// migrate applies the migrations the file has not had, in one
+// transaction: a failed upgrade leaves the file as it was.
+func migrate(db *sql.DB, version int) error {
+	tx, err := db.Begin()
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback() // after Commit, a no-op
-	var version int
-	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
-		return err
-	}
+	defer tx.Rollback()
 	for i := version; i < len(migrations); i++ {
-		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+		sql, err := schema.ReadFile(migrations[i])
+		if err == nil {
+			_, err = tx.Exec(string(sql) + ";") // ";": a file of comments alone is a statement of none
+		}
+		if err != nil {
 			return fmt.Errorf("migrate schema to version %d: %w", i+1, err)
 		}
 	}
-	// PRAGMA does not take bound parameters; the value is our own integer.
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", len(migrations))); err != nil {
+	// PRAGMA takes no bound parameter; the value is our own integer.
+	if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", len(migrations))); err != nil {
 		return err
 	}
 	return tx.Commit()
 }
 
-// close stops the writer loop after the writes already queued, then
-// closes both connection pools; later calls return the first call's
-// result, so an error path and a deferred close can both call it.
-func (s *petStore) close() error {
-	s.closeOnce.Do(func() {
-		s.queue.mu.Lock()
-		s.queue.closed = true
-		close(s.queue.writes)
-		s.queue.mu.Unlock()
-		<-s.queue.loopDone
-		close(s.stopCount)
-		<-s.counted
-		s.view.published.Store(nil) // a closed store answers nothing
-		// After an I/O error the files are not closed through SQLite,
-		// whose last close checkpoints: the process's exit lets go, and
-		// the next start recovers from the -wal (see storageFault).
-		if f := s.lasting.Load(); f == nil || f.kind != faultIO {
-			s.closeErr = s.writer.Close()
+// createRequest is one create on its way to the writer loop; a probe
+// stores nothing and tells whether a pet could be stored.
+type createRequest struct {
+	ctx   context.Context // its deadline, or its client leaving, keeps it from being stored
+	pet   NewPet
+	key   string // the Idempotency-Key, "" for none
+	scope []byte // the API key's idempotencyScope
+	probe bool
+	done  chan createResult
+}
+
+// createResult is the writer loop's answer to one create.
+type createResult struct {
+	pet      Pet
+	replayed bool
+	err      error
+}
+
+// createPet stores the pet and returns it with its id, only once it is
+// committed. With an Idempotency-Key already used for the same pet it
+// returns that pet and replayed; used for another, errIdempotencyKeyReused.
+func (s *store) createPet(ctx context.Context, pet NewPet, key string, scope []byte) (Pet, bool, error) {
+	c := &createRequest{ctx: ctx, pet: pet, key: key, scope: scope, done: make(chan createResult, 1)}
+	if err := s.send(c); err != nil {
+		return Pet{}, false, err
+	}
+	// Taken: the writer answers it, whatever the client does meanwhile.
+	r := <-c.done
+	return r.pet, r.replayed, r.err
+}
+
+// send hands c to the writer loop, or says why it could not.
+func (s *store) send(c *createRequest) error {
+	select {
+	case s.creates <- c:
+		return nil
+	case <-c.ctx.Done():
+		return notStored(c.ctx.Err())
+	case <-s.closed:
+		return &storageError{faultStopping, errors.New("store closed")}
+	}
+}
+
+// writeLoop owns the writer connection. It takes every create queued, up
+// to 256, and commits them together; a lone create goes at once.
+func (s *store) writeLoop() {
+	defer close(s.loopDone)
+	for {
+		select {
+		case <-s.closed:
+			return
+		case c := <-s.creates:
+			batch := []*createRequest{c}
+			for more := true; more && len(batch) < 256; {
+				select {
+				case c := <-s.creates:
+					batch = append(batch, c)
+				default:
+					more = false
+				}
+			}
+			s.commit(batch)
 		}
-		// The lock's descriptor goes last: closing it releases SQLite's
-		// POSIX locks on the file too.
-		s.file.close()
+	}
+}
+
+// commit stores a batch and answers each of its creates.
+func (s *store) commit(batch []*createRequest) {
+	results := make([]createResult, len(batch))
+	var err error
+	if f := s.lasting.Load(); f != nil {
+		err = f
+	} else {
+		err = s.insertBatch(batch, results)
+	}
+	if _, isFault := classifyFault(err); err != nil && !isFault && len(batch) > 1 {
+		// One create SQLite refused (an operator's trigger, a constraint)
+		// must not fail its neighbours: the transaction was rolled back,
+		// and each is tried again alone.
+		for _, c := range batch {
+			s.commit([]*createRequest{c})
+		}
+		return
+	}
+	if err = s.fault(err); isConstraint(err) {
+		err = &refusedError{err}
+	} else if kind, _ := classifyFault(err); kind == faultReadOnly {
+		// SQLite keeps a file it opened read-only so, the -shm too, for
+		// every connection of the process: the idle ones are closed, and
+		// once all are, a new one sees the file writable again.
+		for _, db := range []*sql.DB{s.writer, s.readers} {
+			db.SetMaxIdleConns(0)
+			db.SetMaxIdleConns(2 * runtime.GOMAXPROCS(0))
+		}
+	}
+	for i, c := range batch {
+		if err != nil && results[i].err == nil {
+			results[i] = createResult{err: err}
+		}
+		c.done <- results[i]
+	}
+}
+
+// insertBatch inserts a batch in one transaction and fills in results;
+// an error means nothing was stored. The statements run without the
+// clients' contexts: one client leaving must not abort the others'.
+func (s *store) insertBatch(batch []*createRequest, results []createResult) error {
+	ctx := context.Background()
+	tx, err := s.writer.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	for i, c := range batch {
+		// Checked once the write lock is held: a create whose client
+		// left, or whose deadline passed, before its insert is not stored.
+		if err := c.ctx.Err(); err != nil {
+			results[i].err = notStored(err)
+		} else if results[i], err = s.insertPet(ctx, tx, c); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// probeSQL stores nothing but writes what a create writes, a longest name
+// and a key: a smaller write could fit on a disk where a create does not.
+// The row is deleted and the id sequence put back.
+const probeSQL = `INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
+		VALUES (printf('%.100c', 'p'), 1, 'available', 'petstore-probe', x'00', x'00');
+	DELETE FROM pets WHERE id = last_insert_rowid();
+	UPDATE sqlite_sequence SET seq = seq - 1 WHERE name = 'pets';`
+
+// insertPet does one create in the batch's transaction. The key's lookup
+// and the insert share it, so two creates with one key, even in one
+// batch, store one pet; the unique index would refuse a second anyway.
+func (s *store) insertPet(ctx context.Context, tx *sql.Tx, c *createRequest) (createResult, error) {
+	if c.probe {
+		_, err := tx.ExecContext(ctx, probeSQL)
+		return createResult{}, err
+	}
+	var key, scope, fingerprint any // NULL without an Idempotency-Key
+	if c.key != "" {
+		// What the create asks for, after defaults; NUL is never in a name.
+		sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%s", c.pet.Name, c.pet.CategoryID, c.pet.Status))
+		var p Pet
+		var stored []byte
+		err := tx.StmtContext(ctx, s.findKey).QueryRowContext(ctx, c.scope, c.key).Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status, &stored)
+		switch {
+		case err == nil && bytes.Equal(stored, sum[:]):
+			return createResult{pet: p, replayed: true}, nil
+		case err == nil:
+			return createResult{err: errIdempotencyKeyReused}, nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return createResult{}, err
+		}
+		key, scope, fingerprint = c.key, c.scope, sum[:]
+	}
+	res, err := tx.StmtContext(ctx, s.insert).ExecContext(ctx, c.pet.Name, c.pet.CategoryID, c.pet.Status, key, scope, fingerprint)
+	if err != nil {
+		return createResult{}, err
+	}
+	id, err := res.LastInsertId()
+	return createResult{pet: Pet{ID: id, NewPet: c.pet}}, err
+}
+
+// listPets returns up to limit pets with an id above after, of status
+// unless it is "", in ascending id.
+func (s *store) listPets(ctx context.Context, status string, after int64, limit int) ([]Pet, error) {
+	rows, err := s.listAll.QueryContext(ctx, after, limit)
+	if status != "" {
+		rows, err = s.listStatus.QueryContext(ctx, status, after, limit)
+	}
+	if err != nil {
+		return nil, s.fault(err)
+	}
+	defer rows.Close()
+	pets := make([]Pet, 0, limit)
+	for rows.Next() {
+		var p Pet
+		if err := rows.Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status); err != nil {
+			return nil, s.fault(err)
+		}
+		pets = append(pets, p)
+	}
+	return pets, s.fault(rows.Err())
+}
+
+// getPet returns the pet with the id, or a notFoundError.
+func (s *store) getPet(ctx context.Context, id int64) (Pet, error) {
+	var p Pet
+	err := s.getOne.QueryRowContext(ctx, id).Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status)
+	if f := s.lasting.Load(); errors.Is(err, sql.ErrNoRows) && f != nil {
+		return Pet{}, f // a file that failed a write, or is damaged, may hold the pet in what it cannot give
+	} else if errors.Is(err, sql.ErrNoRows) {
+		return Pet{}, notFoundError{id}
+	}
+	return p, s.fault(err)
+}
+
+// health is nil while the store can both read and store a pet, and
+// otherwise the failing check, as a *storageError. Its write is a probe
+// that the writer commits with the creates queued, sharing their fsync,
+// so monitors asking often cost little; it waits at most 5 s.
+func (s *store) health(ctx context.Context) error {
+	if _, err := s.listPets(ctx, "", 0, 1); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c := &createRequest{ctx: ctx, probe: true, done: make(chan createResult, 1)}
+	err := s.send(c)
+	if err == nil {
+		select {
+		case r := <-c.done:
+			err = r.err
+		case <-ctx.Done(): // a commit stuck on the storage holds the probe back
+			err = notStored(ctx.Err())
+		}
+	}
+	if kind, _ := classifyFault(err); kind == faultTimedOut {
+		return &storageError{faultNotAnswering, errors.New("a write has waited on the storage for 5 s")}
+	}
+	return err
+}
+
+// close stops the writer loop after the commit under way and closes the
+// file; later calls return the first call's result.
+func (s *store) close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		<-s.loopDone
+		s.closeErr = s.closeFiles()
 	})
 	return s.closeErr
 }
 
-// petRow is a pet as read from the database. name and status alias the
-// driver's buffers and are valid only during the callback that gets the
-// row: the handlers encode them straight into the answer, with no copy
-// and no allocation per row.
-type petRow struct {
-	id         int64
-	name       sql.RawBytes
-	categoryID int64
-	status     sql.RawBytes
+// closeFiles closes the pools, then the lock: closing any descriptor of
+// the file drops the process's POSIX locks, SQLite's among them. After an
+// I/O error the writer is not closed, as its last close would checkpoint
+// onto the suspect storage: the next start recovers from the -wal.
+func (s *store) closeFiles() (err error) {
+	if s.readers != nil {
+		s.readers.Close()
+	}
+	if f := s.lasting.Load(); s.writer != nil && (f == nil || f.kind != faultIO) {
+		err = s.writer.Close()
+	}
+	if s.lock != nil {
+		s.lock.Close()
+	}
+	return err
 }
 
-// catalogue is the view readers use, or why there is none: the lasting
-// fault that keeps it from loading, or a fault that passes.
-func (s *petStore) catalogue() (*catalogue, error) {
-	if c := s.view.published.Load(); c != nil {
-		return c, nil
-	}
-	<-s.ready // the view is loaded at start (see startUp)
-	if c := s.view.published.Load(); c != nil {
-		return c, nil
-	}
-	if f := s.lasting.Load(); f != nil {
-		return nil, f
-	}
-	return nil, &storageError{kind: faultNotAnswering, err: errors.New("the catalogue is not loaded")}
-}
-
-// getPet calls fn with the pet with the given id, or returns errNotFound.
-func (s *petStore) getPet(id int64, fn func(*petRow)) error {
-	c, err := s.catalogue()
-	if err != nil {
+// fault returns err as a *storageError when the storage is at fault, and
+// records, logging it once, a fault that lasts until a restart: a corrupt
+// file, or an I/O error, after which the kernel may have dropped pages it
+// had taken and report the next fsync a success (PostgreSQL's lesson of
+// 2018), so nothing more is written. Other errors, and nil, pass as they
+// are.
+func (s *store) fault(err error) error {
+	kind, ok := classifyFault(err)
+	if !ok {
 		return err
 	}
-	if c.get(id, fn) {
-		return nil
+	se := &storageError{kind, err}
+	errors.As(err, &se) // one already made is kept
+	if (kind == faultIO || kind == faultDamaged) && s.lasting.CompareAndSwap(nil, se) {
+		s.log.Error("storage fault: creates are refused until the service is restarted; see docs/operations.md, Storage faults", "fault", se.Error(), "db", s.path)
 	}
-	// A file that cannot be read whole (an I/O error, damage), or that
-	// lost pets it held, may hold the pet it did not give: that is no
-	// answer to give as "not found".
-	if f := s.lasting.Load(); f != nil && (f.kind == faultIO || f.kind == faultDamaged || f.kind >= faultWentBack) {
-		return f
-	}
-	return errNotFound
+	return se
 }
 
-// petFilter selects a page of the catalogue: pets with an id above after,
-// optionally of one status, at most limit of them, in ascending id.
-type petFilter struct {
-	after  int64
-	status string // "" for any status
-	limit  int
+// Errors: what the store returns besides Go's own, for errors.go to map.
+
+// faultKind names a cause outside the service for which the store cannot
+// store or read a pet; it says so, starting with its short name.
+type faultKind string
+
+const (
+	faultDiskFull     faultKind = "disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed"
+	faultReadOnly     faultKind = "read-only: the database file or its filesystem cannot be written"
+	faultLocked       faultKind = "database locked: another process holds the database's write lock"
+	faultNotAnswering faultKind = "database not answering"
+	faultTimedOut     faultKind = "timed out: the pet could not be committed before the write timeout, so it was not stored"
+	faultStopping     faultKind = "stopping: the service is shutting down"
+	// The two that last until a restart:
+	faultIO      faultKind = "I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted"
+	faultDamaged faultKind = "damaged: the database file is corrupt and must be restored from a backup"
+)
+
+// storageError is a store failure whose cause is outside the service.
+type storageError struct {
+	kind faultKind
+	err  error
 }
 
-// listPets calls fn with each pet of the page that f selects, in order.
-func (s *petStore) listPets(f petFilter, fn func(*petRow)) error {
-	c, err := s.catalogue()
-	if err != nil {
-		return err
+func (e *storageError) Error() string { return string(e.kind) + ": " + e.err.Error() }
+
+func (e *storageError) Unwrap() error { return e.err }
+
+// classifyFault tells whether err comes from the storage, and which fault
+// it is; an error it does not know is no fault.
+func classifyFault(err error) (faultKind, bool) {
+	var se *storageError
+	if errors.As(err, &se) {
+		return se.kind, true
 	}
-	c.list(f, fn)
-	return nil
+	return sqliteFault(err)
 }
 
-// The in-memory view: lists and gets are answered from memory, at memory
-// speed, while SQLite stays the durable store and the view's source.
-//
-// Pets never change once stored (no update, no delete) and one writer in
-// this process commits every create, so an exact copy is cheap to keep:
-// an append-only columnar catalogue that the writer extends after each
-// commit, before any client hears of it, and publishes to readers as an
-// immutable snapshot through one atomic pointer. Readers never wait on the
-// writer. A write from outside the process (an operator's sqlite3 shell, a
-// restore) is seen through a change count that triggers keep (see
-// catchUp), and the view is loaded again.
+var (
+	// errIdempotencyKeyReused: the key already stored a different pet.
+	errIdempotencyKeyReused = errors.New("idempotency key reused for a different pet")
+	// errNotPetstore: the file is another application's, left untouched.
+	errNotPetstore = errors.New("not a petstore database")
+)
 
-// catalogue is the view as published: readers use the slices up to their
-// lengths, which never change for a published catalogue; the writer only
-// appends beyond them, or starts new arrays.
-type catalogue struct {
-	ids        []int64 // ascending, not necessarily dense
-	categories []int64
-	nameEnds   []uint32 // name i is names[nameEnds[i-1]:nameEnds[i]]
-	names      []byte
-	statuses   []uint8    // index into petStatuses
-	byStatus   [3][]int32 // positions of each status's pets, ascending
-}
+// notFoundError: no pet has the id.
+type notFoundError struct{ id int64 }
 
-// statusBytes are the status names, as the encoder takes them.
-var statusBytes = [3][]byte{[]byte(petStatuses[0]), []byte(petStatuses[1]), []byte(petStatuses[2])}
+func (e notFoundError) Error() string { return fmt.Sprintf("no pet with id %d", e.id) }
 
-// row fills r with the pet at position i; r's slices alias the
-// catalogue, which never changes, so they stay valid.
-func (c *catalogue) row(i int, r *petRow) {
-	start := uint32(0)
-	if i > 0 {
-		start = c.nameEnds[i-1]
-	}
-	r.id = c.ids[i]
-	r.name = c.names[start:c.nameEnds[i]]
-	r.categoryID = c.categories[i]
-	r.status = statusBytes[c.statuses[i]]
-}
+// refusedError: a rule in the file the service does not know of (an
+// operator's trigger or constraint) refused one create.
+type refusedError struct{ err error }
 
-// get calls fn with the pet with the given id, and reports whether there
-// is one. Ids are dense unless rows were deleted by hand, so the guess
-// id-1 is tried before a binary search.
-func (c *catalogue) get(id int64, fn func(*petRow)) bool {
-	i := int(id - 1)
-	if id < 1 || i >= len(c.ids) || c.ids[i] != id {
-		i = sort.Search(len(c.ids), func(k int) bool { return c.ids[k] >= id })
-		if i == len(c.ids) || c.ids[i] != id {
-			return false
-		}
-	}
-	var r petRow
-	c.row(i, &r)
-	fn(&r)
-	return true
-}
+func (e *refusedError) Error() string { return "the database refused this pet: " + e.err.Error() }
 
-// list calls fn with each pet of the page that f selects, in id order:
-// at most f.limit pets with an id above f.after, of f.status if set. The
-// status filter walks that status's own positions,
-// not the whole list.
-func (c *catalogue) list(f petFilter, fn func(*petRow)) {
-	n, at := len(c.ids), func(k int) int { return k }
-	if f.status != "" {
-		positions := c.byStatus[slices.Index(petStatuses, f.status)]
-		n, at = len(positions), func(k int) int { return int(positions[k]) }
+// notStored is a create's context error as the reason it was not stored.
+func notStored(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &storageError{faultTimedOut, err}
 	}
-	start := sort.Search(n, func(k int) bool { return c.ids[at(k)] > f.after })
-	var r petRow
-	for k := start; k < min(n, start+f.limit); k++ {
-		c.row(at(k), &r)
-		fn(&r)
-	}
-}
-
-// add appends one pet. It reports false if the pet's id is not above the
-// last one, which only a write from outside could cause: the view must
-// then be rebuilt.
-func (c *catalogue) add(id int64, name []byte, category int64, status int) bool {
-	if n := len(c.ids); n > 0 && id <= c.ids[n-1] {
-		return false
-	}
-	c.byStatus[status] = append(c.byStatus[status], int32(len(c.ids)))
-	c.ids = append(c.ids, id)
-	c.categories = append(c.categories, category)
-	c.names = append(c.names, name...)
-	c.nameEnds = append(c.nameEnds, uint32(len(c.names)))
-	c.statuses = append(c.statuses, uint8(status))
-	return true
-}
-
-// changeCount is the pets_changes row, kept by triggers on pets: how many
-// rows were ever inserted, how many updated or deleted, and how many
-// deleted, by anyone. Unlike PRAGMA data_version, it moves only for the
-// pets table, not for the tables Litestream or an operator's tool keep in
-// the same file.
-type changeCount struct{ inserted, changed, deleted int64 }
-
-const changeCountQuery = "SELECT inserted, changed, deleted FROM pets_changes"
-
-// view is the writer's side of the in-memory catalogue. Every field but
-// published belongs to the writer loop.
-type view struct {
-	// published is what readers use; nil until a load has worked, and
-	// after one failed: reads are then refused, never given a view known to be
-	// behind the file.
-	published atomic.Pointer[catalogue]
-	// master is the writer's copy, appended to and then published as a
-	// new snapshot; nil when published is.
-	master *catalogue
-	// known is the change count that master reflects: the file has
-	// changed under it when the count in the file differs, after the
-	// writer's own inserts are counted.
-	known    changeCount
-	loads    int       // loads so far, the first included, for the log
-	failedAt time.Time // when a load last failed; tried again 10 s on
-
-	// highWater is the highest id the file has held while the service
-	// ran: at start, or acknowledged since. A file whose ids no longer
-	// reach it went back (see checkWentBack).
-	highWater int64
-}
-
-// publish makes the master's current state what readers see.
-func (v *view) publish() {
-	snapshot := *v.master
-	v.published.Store(&snapshot)
-}
-
-// loadCatalogue reads the whole table, with the change count it
-// reflects, through the writer's connection. It runs inside a
-// transaction, so no commit falls between the two. A row it cannot
-// read means the file is damaged: there is then no view, and lists and
-// gets are refused until the file is restored.
-func loadCatalogue(ctx context.Context, q *sql.Conn) (*catalogue, changeCount, error) {
-	var known changeCount
-	if err := q.QueryRowContext(ctx, changeCountQuery).Scan(&known.inserted, &known.changed, &known.deleted); err != nil {
-		return nil, known, err
-	}
-	// Sized for every row ever inserted (no count(*): on a damaged file
-	// it fails before the scan could read what is readable), so the
-	// arrays are rarely copied while they fill.
-	room := int(min(known.inserted, 1<<31)) + 1024
-	c := &catalogue{
-		ids:        make([]int64, 0, room),
-		categories: make([]int64, 0, room),
-		nameEnds:   make([]uint32, 0, room),
-		names:      make([]byte, 0, 16*room),
-		statuses:   make([]uint8, 0, room),
-	}
-	rows, err := q.QueryContext(ctx, "SELECT id, name, category_id, status FROM pets ORDER BY id")
-	if err != nil {
-		return nil, known, err
-	}
-	defer rows.Close()
-	var r petRow
-	for rows.Next() {
-		if err := rows.Scan(&r.id, &r.name, &r.categoryID, &r.status); err != nil {
-			// The table is STRICT: a value that does not convert was not
-			// written by SQLite, so the file is damaged.
-			return nil, known, &storageError{kind: faultDamaged, err: err}
-		}
-		status := slices.Index(petStatuses, string(r.status))
-		if status < 0 || !c.add(r.id, r.name, r.categoryID, status) {
-			// The CHECK constraint and ORDER BY make this impossible for a
-			// sound file.
-			return nil, known, &storageError{kind: faultDamaged, err: fmt.Errorf("pet %d breaks the table's rules", r.id)}
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, known, err
-	}
-	return c, known, nil
-}
-
-// add appends committed pets and publishes them. Without a master, or
-// when they do not all come after its last id, there is no view until
-// the writer loop's next look loads it again.
-func (v *view) add(pets []Pet) {
-	if v.master == nil {
-		return
-	}
-	for _, p := range pets {
-		// The name's bytes are only copied into the arena, never changed.
-		name := unsafe.Slice(unsafe.StringData(p.Name), len(p.Name))
-		status := slices.Index(petStatuses, p.Status)
-		if status < 0 || !v.master.add(p.ID, name, p.CategoryID, status) {
-			v.published.Store(nil)
-			v.master = nil
-			return
-		}
-	}
-	v.known.inserted += int64(len(pets))
-	v.publish()
-}
-
-// externalWriteCheck is how often the writer reads the file's change
-// count, to bring the view up to date with writes made from outside.
-const externalWriteCheck = 250 * time.Millisecond
-
-// load reads the view afresh, in the writer's transaction, and publishes
-// it. It runs in the writer loop, so no create commits meanwhile, and
-// readers keep the snapshot they had until the new one is published: a
-// client still reads its own writes. Pets are never changed by the
-// service, so a load is rare: at start, and after a change made from
-// outside (an operator's sqlite3, a restore).
-func (s *petStore) load(w *batchWriter, why string) {
-	v := &s.view
-	v.loads++
-	if v.loads > 1 {
-		s.log.Info("in-memory view is rebuilt", "why", why, "db", s.file.path)
-	}
-	start := time.Now()
-	c, known, err := loadCatalogue(context.Background(), w.conn)
-	if err != nil {
-		err = s.storageFault(err)
-		v.published.Store(nil)
-		v.master, v.failedAt = nil, time.Now()
-		s.log.Warn("the in-memory view could not be loaded: lists and gets are refused until it is; it is tried again every 10 s unless the file is damaged",
-			"err", err.Error(), "db", s.file.path)
-		return
-	}
-	v.master, v.known = c, known
-	v.publish()
-	if missing := known.inserted - known.deleted - int64(len(c.ids)); missing > 0 {
-		s.petsMissing(c.ids, missing)
-	}
-	// The view replaced is garbage now, as large as the new one: given
-	// back to the system at once, where the runtime would keep it for
-	// minutes (at 1,000,000 pets, 140 MiB of RSS after a reload). In a
-	// goroutine of its own: the writer, which may be inside a commit,
-	// does not wait for a collection.
-	go debug.FreeOSMemory()
-	s.log.Info("in-memory view loaded", "pets", len(c.ids), "took", time.Since(start).Round(time.Millisecond).String())
-}
-
-// catchUp compares the file's change count with the one the view knows,
-// inside a transaction of the writer's connection: in a commit, before
-// its inserts, so no outside change is passed over. Any change, an
-// append included, loads the view again. A file that went back is
-// refused: checkWentBack.
-func (s *petStore) catchUp(w *batchWriter) error {
-	v := &s.view
-	var cur changeCount
-	err := w.changes.QueryRowContext(context.Background()).Scan(&cur.inserted, &cur.changed, &cur.deleted)
-	if err != nil {
-		if _, ok := classifyFault(err); ok {
-			return err
-		}
-		cur = changeCount{-1, -1, -1} // no count: an older copy of the file, say
-	}
-	if v.master != nil && cur == v.known {
-		return nil
-	}
-	// A file that went back is loaded too: reads serve what it holds. One
-	// whose count or top id does not show it is refused by the commit
-	// (errIDNotNew).
-	wentBack := s.checkWentBack(w)
-	switch {
-	case v.master != nil:
-		s.load(w, "the pets table changed from outside the service")
-	case s.lasting.Load() == nil && time.Since(v.failedAt) > 10*time.Second:
-		s.load(w, "an earlier load failed")
-	}
-	// Damage the load found refuses the commit it ran in.
-	if f := s.lasting.Load(); f != nil && wentBack == nil {
-		return f
-	}
-	return wentBack
-}
-
-// checkAcked compares, at start, the file with what the service last
-// acknowledged (ackedSuffix): a file whose insert count or highest id is
-// below the record lost commits a client was answered 201 for. That is a
-// lasting fault, reported as pets missing; the file's id sequence is
-// raised to the record's id first, so no id is handed out twice. The
-// record is not written again while the fault lasts, so every restart
-// says it again, until petstore restore puts a file back.
-func (s *petStore) checkAcked(w *batchWriter) {
-	inserted, top, ok := readAcked(s.file.path)
-	if !ok || s.view.master == nil || (s.view.known.inserted >= inserted && s.view.highWater >= top) {
-		return
-	}
-	if s.lasting.Load() == nil { // a damaged file is not written on
-		w.raiseSequence(top)
-	}
-	held := int64(0) // the highest id the file holds (its sequence is raised)
-	if ids := s.view.master.ids; len(ids) > 0 {
-		held = ids[len(ids)-1]
-	}
-	se := &storageError{kind: faultMissing, err: fmt.Errorf("the file has had %d pets inserted and holds ids up to %d, but the service had acknowledged %d inserted and ids up to %d",
-		s.view.known.inserted, held, inserted, top)}
-	s.lastingFault(se, "the database file lacks pets the service acknowledged before it stopped (its last commits were lost: storage that dropped pages, or an older copy put in its place); "+
-		"creates are refused and the health check fails until it is repaired; the file's id sequence is raised above them. "+
-		"Stop the service, then restore a copy that holds them (the Litestream replica), "+
-		"or accept their loss by restoring a backup of this file (docs/operations.md: Pets missing from the file)",
-		"missing_pets", inserted-s.view.known.inserted, "missing_ids", fmt.Sprintf("%d-%d", held+1, max(top, held+1)))
-}
-
-// countCheckEvery is how often countLoop compares the rows the file
-// holds with the rows its counts say it should hold.
-const countCheckEvery = 5 * time.Second
-
-// countQuery reads, in one snapshot, the rows the pets table holds and
-// the rows its triggers' counts say it should hold.
-const countQuery = "SELECT (SELECT count(*) FROM pets), (SELECT inserted - deleted FROM pets_changes)"
-
-// countLoop finds rows the file lost with no delete counted: SQLite
-// 3.7.0 to 3.51.2 can lose committed rows when another process
-// checkpoints beside the service (the WAL-reset bug), and the triggers'
-// counts, in another page, still hold them. count(*) reads every page of
-// the table (about 50 ms at 1,000,000 pets), so it runs on a read-only
-// connection of its own, which the writer never waits for; a shortfall
-// has the writer load the view again, and the load names the missing
-// pets (petsMissing).
-func (s *petStore) countLoop(db *sql.DB) {
-	defer close(s.counted)
-	defer db.Close()
-	tick := time.NewTicker(countCheckEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-s.stopCount:
-			return
-		case <-tick.C:
-		}
-		var rows, expected int64
-		if db.QueryRow(countQuery).Scan(&rows, &expected) == nil && rows < expected {
-			s.countsShort.Store(true)
-		}
-	}
-}
-
-// checkWentBack refuses creates, until a restart, once the file's ids no
-// longer reach the highest the service has held: an older copy was put
-// under it (sqlite3 .restore, a cp of a backup). New pets would then get
-// ids already acknowledged for other pets. Pets deleted by hand do not
-// count: AUTOINCREMENT never hands their ids out again.
-func (s *petStore) checkWentBack(w *batchWriter) error {
-	if f := s.lasting.Load(); f != nil && f.kind == faultWentBack {
-		return f
-	}
-	top, err := w.topID()
-	if err != nil || top >= s.view.highWater {
-		return err
-	}
-	se := &storageError{kind: faultWentBack, err: fmt.Errorf("the file's highest id is %d, but the service held pets up to id %d", top, s.view.highWater)}
-	// Ids are dense unless rows were deleted by hand, so missing_pets
-	// counts the ids above the file's: at most that many pets.
-	return s.lastingFault(se, "the database file went back: it no longer holds pets the service stored, so creates are refused until a restart; "+
-		"the file's id sequence is raised to the highest id the service acknowledged, so no id is handed out twice, after a restart too; "+
-		"if the older file is what you meant to serve, restart the service; "+
-		"otherwise stop the service and put the newer file back (docs/operations.md: Outside writes, restores and replicas)",
-		"missing_pets", s.view.highWater-top, "missing_ids", fmt.Sprintf("%d-%d", top+1, s.view.highWater), "file_top_id", top)
-}
-
-// keepIDs raises the file's id sequence to the highest id the service
-// acknowledged whenever the file's ids fall short of it while a lasting
-// fault refuses creates (an older copy put under the service, once or
-// again, also after pets were found missing): an insert from then on,
-// by this service after its restart or by anyone, gets an id above
-// every one a client was given. It runs every second and at the stop.
-func (s *petStore) keepIDs(w *batchWriter) {
-	if f := s.lasting.Load(); f == nil || (f.kind != faultWentBack && f.kind != faultMissing) {
-		return
-	}
-	if top, err := w.topID(); err != nil || top >= s.view.highWater {
-		return
-	}
-	if err := w.raiseSequence(s.view.highWater); err != nil {
-		s.log.Warn("the file's id sequence could not be raised; tried again in a second", "err", err.Error(), "db", s.file.path)
-		return
-	}
-	// The restart the log advises accepts the older file: the record says
-	// what it holds now, with the ids kept out of its sequence.
-	s.file.noteAcked(s.view.known.inserted, s.view.highWater)
-	s.log.Info("the file's id sequence is raised to the highest id the service acknowledged", "seq", s.view.highWater, "db", s.file.path)
-}
-
-// raiseSequenceSQL raises the pets table's AUTOINCREMENT sequence to at
-// least ?1, through SQLite's own sqlite_sequence table.
-const raiseSequenceSQL = `INSERT INTO sqlite_sequence (name, seq)
-		SELECT 'pets', 0 WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'pets');
-	UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'pets';`
-
-// petsMissing is a load's finding that the file holds fewer pets than
-// its own counts say were inserted and not deleted: rows lost with no
-// delete recorded (an outside SQLite older than 3.51.3 checkpointing
-// beside the service, a disk that dropped pages). It refuses creates and
-// fails the health check until the file is repaired, and names the ids the file
-// lacks: those up to its top id not among ids, ids deleted by hand
-// among them, in at most 100 ranges (more_ranges counts the rest).
-func (s *petStore) petsMissing(ids []int64, missing int64) {
-	var gaps []string // at most 100 ranges of ids, for one log line
-	more := 0
-	gap := func(from, to int64) {
-		switch {
-		case to < from:
-		case len(gaps) == 100:
-			more++
-		case to == from:
-			gaps = append(gaps, strconv.FormatInt(from, 10))
-		default:
-			gaps = append(gaps, strconv.FormatInt(from, 10)+"-"+strconv.FormatInt(to, 10))
-		}
-	}
-	next := int64(1)
-	for _, id := range ids {
-		gap(next, id-1)
-		next = max(next, id+1)
-	}
-	gap(next, s.view.highWater)
-	se := &storageError{kind: faultMissing, err: fmt.Errorf("the file holds %d pets, %d fewer than it recorded as inserted and not deleted", len(ids), missing)}
-	s.lastingFault(se, "acknowledged pets are missing from the database file: creates are refused and the health check fails until it is repaired; "+
-		"stop the service, then restore a copy that holds them (the Litestream replica, or the latest backup that does), "+
-		"or accept their loss by restoring a backup of this file (docs/operations.md: Pets missing from the file)",
-		"missing_pets", missing, "missing_ids", strings.Join(gaps, ","), "more_ranges", more)
+	return err
 }

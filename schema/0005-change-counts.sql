@@ -1,0 +1,2 @@
+-- Deployed files got change-count triggers here, for an in-memory view
+-- that is gone; 0009 drops them.

@@ -1,0 +1,1 @@
+-- Deployed files counted deletes here, for the view; 0009 drops it.

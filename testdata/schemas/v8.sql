@@ -1,0 +1,63 @@
+-- A petstore database as deployed at schema version 8 (2ef6b6d's
+-- migrations 1 to 8), holding four pets.
+CREATE TABLE pets (
+		id          INTEGER PRIMARY KEY AUTOINCREMENT,
+		name        TEXT    NOT NULL CHECK (length(name) BETWEEN 1 AND 100),
+		category_id INTEGER NOT NULL CHECK (category_id >= 1),
+		status      TEXT    NOT NULL CHECK (status IN ('available', 'pending', 'sold'))
+	) STRICT;
+	CREATE INDEX pets_status_id ON pets (status, id);
+ALTER TABLE pets ADD COLUMN idempotency_key TEXT;
+	ALTER TABLE pets ADD COLUMN request_fingerprint BLOB;
+	CREATE UNIQUE INDEX pets_idempotency_key ON pets (idempotency_key)
+		WHERE idempotency_key IS NOT NULL;
+CREATE INDEX pets_status_cover ON pets (status, id, name, category_id);
+	DROP INDEX pets_status_id;
+PRAGMA application_id = 1346720851;
+CREATE TABLE pets_changes (
+		id       INTEGER PRIMARY KEY CHECK (id = 1),
+		inserted INTEGER NOT NULL,
+		changed  INTEGER NOT NULL
+	) STRICT;
+	INSERT INTO pets_changes VALUES (1, (SELECT count(*) FROM pets), 0);
+	CREATE TRIGGER pets_inserted AFTER INSERT ON pets
+		BEGIN UPDATE pets_changes SET inserted = inserted + 1; END;
+	CREATE TRIGGER pets_updated AFTER UPDATE ON pets
+		BEGIN UPDATE pets_changes SET changed = changed + 1; END;
+	CREATE TRIGGER pets_deleted AFTER DELETE ON pets
+		BEGIN UPDATE pets_changes SET changed = changed + 1; END;
+	-- INSERT OR REPLACE deletes the row it replaces without firing delete
+	-- triggers (recursive_triggers is off by default): count it here.
+	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
+		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
+			OR (NEW.idempotency_key IS NOT NULL
+				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_key = NEW.idempotency_key))
+		BEGIN UPDATE pets_changes SET changed = changed + 1; END;
+ALTER TABLE pets ADD COLUMN idempotency_scope BLOB;
+	DROP INDEX pets_idempotency_key;
+	CREATE UNIQUE INDEX pets_idempotency_key ON pets (idempotency_scope, idempotency_key)
+		WHERE idempotency_key IS NOT NULL AND idempotency_scope IS NOT NULL;
+	DROP TRIGGER pets_replacing;
+	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
+		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
+			OR (NEW.idempotency_key IS NOT NULL AND NEW.idempotency_scope IS NOT NULL
+				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_scope = NEW.idempotency_scope
+					AND idempotency_key = NEW.idempotency_key))
+		BEGIN UPDATE pets_changes SET changed = changed + 1; END;
+DROP INDEX IF EXISTS pets_status_cover;
+ALTER TABLE pets_changes ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0;
+	UPDATE pets_changes SET deleted = inserted - (SELECT count(*) FROM pets);
+	DROP TRIGGER pets_deleted;
+	CREATE TRIGGER pets_deleted AFTER DELETE ON pets
+		BEGIN UPDATE pets_changes SET changed = changed + 1, deleted = deleted + 1; END;
+	DROP TRIGGER pets_replacing;
+	CREATE TRIGGER pets_replacing BEFORE INSERT ON pets
+		WHEN EXISTS (SELECT 1 FROM pets WHERE id = NEW.id)
+			OR (NEW.idempotency_key IS NOT NULL AND NEW.idempotency_scope IS NOT NULL
+				AND EXISTS (SELECT 1 FROM pets WHERE idempotency_scope = NEW.idempotency_scope
+					AND idempotency_key = NEW.idempotency_key))
+		BEGIN UPDATE pets_changes SET changed = changed + 1, deleted = deleted + 1; END;
+INSERT INTO pets (name, category_id, status) VALUES ('Rex', 1, 'available'), ('Tom', 2, 'pending'), ('Max', 3, 'sold');
+-- A create of 2ef6b6d's with Idempotency-Key order-1, by the tests' key.
+INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint) VALUES ('Luna', 1, 'available', 'order-1', x'5b18139fa9940b976a4fde393d0ba73f', x'f6e8fe562abe0e4f7731711699efc5d046d3c70ed45ed25f8e613c33bceb95b8');
+PRAGMA user_version = 8;
