@@ -13,24 +13,40 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
-// runBackup is "petstore backup [-db FILE] BACKUP-FILE".
-func runBackup(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+// runBackupCommand is "petstore backup [-db FILE] BACKUP-FILE" and
+// "petstore restore -from BACKUP [-db FILE]".
+func runBackupCommand(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	usage := map[string]string{
+		"backup":  "petstore backup [-db FILE] BACKUP-FILE\n\nWrites a consistent, checked copy of the database, also while the service runs.",
+		"restore": "petstore restore -from BACKUP [-db FILE]\n\nReplaces the database with a checked backup, while no service holds it.",
+	}[args[0]]
 	fs := newFlagSet()
 	var db string
-	envFlag(fs, getenv, &db, "db", "petstore.db", "SQLite database `file` to back up")
-	if err := parseArgs(fs, args[1:], stdout, "petstore backup [-db FILE] BACKUP-FILE\n\nWrites a consistent, checked copy of the database, also while the service runs."); err != nil {
+	envFlag(fs, getenv, &db, "db", "petstore.db", "SQLite database `file`")
+	from := fs.String("from", "", "restore: the backup `file` to put back, as petstore backup wrote it")
+	if err := parseArgs(fs, args[1:], stdout, usage); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return errors.New("backup: name one backup file, after the flags: petstore backup [-db FILE] BACKUP-FILE")
+	var pets int64
+	var err error
+	var done string
+	switch {
+	case args[0] == "backup" && fs.NArg() == 1 && *from == "":
+		pets, err = backupDatabase(ctx, db, fs.Arg(0))
+		done = "backed up " + db + " to " + fs.Arg(0)
+	case args[0] == "restore" && fs.NArg() == 0 && *from != "":
+		pets, err = restoreDatabase(ctx, *from, db)
+		done = "restored " + *from + " to " + db
+	default:
+		return fmt.Errorf("%s: name the files as the usage says, flags first: %s", args[0], strings.Split(usage, "\n")[0])
 	}
-	pets, err := backupDatabase(ctx, db, fs.Arg(0))
 	if err != nil {
-		return fmt.Errorf("backup: %w", err)
+		return fmt.Errorf("%s: %w", args[0], err)
 	}
-	fmt.Fprintf(stdout, "backed up %s to %s: %d pets, integrity ok\n", db, fs.Arg(0), pets)
+	fmt.Fprintf(stdout, "%s: %d pets, integrity ok\n", done, pets)
 	return nil
 }
 
@@ -81,26 +97,6 @@ func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 		return 0, fmt.Errorf("check backup: integrity_check says %q", check)
 	}
 	return pets, nil
-}
-
-// runRestore is "petstore restore -from BACKUP [-db FILE]".
-func runRestore(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := newFlagSet()
-	var db string
-	envFlag(fs, getenv, &db, "db", "petstore.db", "SQLite database `file` to replace")
-	from := fs.String("from", "", "the backup `file` to put back, as petstore backup wrote it")
-	if err := parseArgs(fs, args[1:], stdout, "petstore restore -from BACKUP [-db FILE]\n\nReplaces the database with a checked backup, while no service holds it."); err != nil {
-		return err
-	}
-	if *from == "" || fs.NArg() != 0 {
-		return errors.New("restore: name the backup with -from, and nothing else: petstore restore -from BACKUP [-db FILE]")
-	}
-	pets, err := restoreDatabase(ctx, *from, db)
-	if err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
-	fmt.Fprintf(stdout, "restored %s to %s: %d pets, integrity ok\n", *from, db, pets)
-	return nil
 }
 
 // restoreDatabase replaces the database at path with the backup at from.

@@ -28,9 +28,7 @@ func main() {
 	err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		if !errors.As(err, new(loggedError)) {
-			fmt.Fprintf(os.Stderr, "petstore: %v\n", err)
-		}
+		fmt.Fprintf(os.Stderr, "petstore: %v\n", err)
 		os.Exit(1)
 	}
 }
@@ -41,37 +39,27 @@ const needsCgo = `petstore needs cgo and a C compiler: it keeps its pets in SQLi
   Alpine:         apk add gcc musl-dev
   macOS:          xcode-select --install`
 
-// loggedError is an error run has already written to the log.
-type loggedError struct{ error }
-
 // run is the whole program: with no command it serves until ctx is done;
 // backup, restore and keygen are commands that run once. Every failure
 // is returned.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var err error
 	switch append(args, "")[1] {
-	case "backup":
-		err = runBackup(ctx, args[1:], getenv, stdout)
-	case "restore":
-		err = runRestore(ctx, args[1:], getenv, stdout)
+	case "backup", "restore":
+		err = runBackupCommand(ctx, args[1:], getenv, stdout)
 	case "keygen":
 		err = runKeygen(args[1:], stdout)
 	default:
-		cfg, parseErr := parseFlags(args, getenv, stdout)
-		switch err = parseErr; {
-		case err == nil && cfg.version:
+		var cfg config
+		if cfg, err = parseFlags(args, getenv, stdout); err == nil && cfg.version {
 			fmt.Fprintln(stdout, versionLine())
-		case err == nil:
+		} else if err == nil {
 			// A log reader gone makes writes fail with EPIPE; that must
 			// not kill the process, as SIGPIPE on stderr does by default.
 			signal.Ignore(syscall.SIGPIPE)
 			out := newLogWriter(stderr, cfg.logFormat)
 			defer out.close(time.Second)
-			log := newLogger(out, cfg.logFormat, cfg.logLevel)
-			if err = serve(ctx, cfg, getenv, log); err != nil && cfg.logFormat == "json" {
-				log.Error("petstore stopped on an error", "err", err.Error()) // every line JSON, this one too
-				return loggedError{err}
-			}
+			err = serve(ctx, cfg, getenv, newLogger(out, cfg.logFormat, cfg.logLevel))
 		}
 	}
 	if errors.Is(err, flag.ErrHelp) {
@@ -121,7 +109,7 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	// net/http's own limits are the front door; floods beyond them are a
 	// proxy's to handle (docs/operations.md).
 	srv := &http.Server{
-		Handler:           newHandler(&server{store: st, keys: keys, log: log, corsOrigins: cfg.corsOrigins, createWithin: createWithin(cfg.writeTimeout)}),
+		Handler:           newHandler(&server{store: st, keys: keys, log: log, createWithin: createWithin(cfg.writeTimeout)}, cfg.corsOrigins),
 		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,

@@ -42,8 +42,6 @@ var petStatuses = []string{"available", "pending", "sold"}
 
 const (
 	maxNameLength = 100 // characters (Unicode code points)
-	defaultLimit  = 20  // the specification's page sizes
-	maxLimit      = 100
 	// maxBodyBytes is twelve times the largest valid NewPet (a name of
 	// 100 four-byte characters, escaped): no client comes near it.
 	maxBodyBytes = 16 << 10
@@ -55,27 +53,26 @@ const (
 
 // server holds what the handlers share.
 type server struct {
-	store       *store
-	keys        *keyRing
-	log         *slog.Logger
-	corsOrigins []string
+	store *store
+	keys  *keyRing
+	log   *slog.Logger
 	// createWithin is how long a create may wait for its commit to begin:
 	// inside the write timeout, so its client is answered either way.
 	createWithin time.Duration
 }
 
-// route is one operation: its handler returns the error to answer.
-type route struct {
-	method, path       string
-	handler            func(http.ResponseWriter, *http.Request) error
-	public, deprecated bool // public: served without a key
-}
+// handler answers a request, or returns the error to answer it with.
+type handler func(http.ResponseWriter, *http.Request) error
 
 // newHandler is the service's whole HTTP surface: the routes, a JSON 405
 // with Allow for the other methods on their paths, and a JSON 404 for
 // every other path, inside the middleware every answer goes through.
-func newHandler(s *server) http.Handler {
-	routes := []route{
+func newHandler(s *server, corsOrigins []string) http.Handler {
+	routes := []struct {
+		method, path       string
+		handler            handler
+		public, deprecated bool
+	}{
 		{"GET", "/healthz", s.health, true, false},
 		{"GET", "/openapi.json", serveDocument("application/json"), true, false},
 		{"GET", "/openapi.yaml", serveDocument("application/yaml"), true, false},
@@ -85,53 +82,53 @@ func newHandler(s *server) http.Handler {
 		{"GET", "/v1/store/orders", listOrders, false, false},
 	}
 	mux := http.NewServeMux()
-	methods := map[string][]string{} // a path's methods, for Allow
+	allow := map[string][]string{} // a path's methods
 	for _, r := range routes {
-		mux.Handle(r.method+" "+r.path, s.wrap(r, r.handler))
-		methods[r.path] = append(methods[r.path], r.method)
+		mux.Handle(r.method+" "+r.path, s.wrap(r.handler, r.public, r.deprecated))
+		allow[r.path] = append(allow[r.path], r.method)
+		if r.method == "GET" {
+			allow[r.path] = append(allow[r.path], "HEAD") // a GET route serves HEAD too
+		}
 	}
-	// Method-less patterns answer a path's other methods; the mux picks
-	// the most specific pattern, whatever the order.
+	// A method-less pattern answers a path's other methods, once a path;
+	// the mux picks the most specific pattern, whatever the order.
 	for _, r := range routes {
-		if allow := slices.Clone(methods[r.path]); allow[0] == r.method {
-			if slices.Contains(allow, "GET") {
-				allow = append(allow, "HEAD") // a GET route serves HEAD too
-			}
-			slices.Sort(allow)
-			mux.Handle(r.path, s.wrap(r, methodNotAllowed(strings.Join(allow, ", "))))
+		if methods, ok := allow[r.path]; ok {
+			delete(allow, r.path)
+			slices.Sort(methods)
+			mux.Handle(r.path, s.wrap(methodNotAllowed(strings.Join(methods, ", ")), r.public, r.deprecated))
 		}
 	}
 	// Under /v1 a key comes first, even for a path that does not exist.
-	mux.Handle("/v1", s.wrap(route{}, notFound))
-	mux.Handle("/v1/", s.wrap(route{}, notFound))
-	mux.Handle("/", s.wrap(route{public: true}, notFound))
-	return withMiddleware(s.log, s.corsOrigins, mux)
+	mux.Handle("/v1", s.wrap(notFound, false, false))
+	mux.Handle("/v1/", s.wrap(notFound, false, false))
+	mux.Handle("/", s.wrap(notFound, true, false))
+	return withMiddleware(s.log, corsOrigins, mux)
 }
 
-// wrap makes h a handler for r: the error it returns is answered, a key
-// is required unless r is public, and a deprecated r says so.
-func (s *server) wrap(r route, h func(http.ResponseWriter, *http.Request) error) http.Handler {
-	var handler http.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if err := h(w, req); err != nil {
-			writeError(w, req, s.log, err)
+// wrap makes h a handler whose error is answered, behind the key check
+// unless public, and marked deprecated if it is.
+func (s *server) wrap(h handler, public, deprecated bool) http.Handler {
+	var next http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			writeError(w, r, s.log, err)
 		}
 	})
-	if !r.public {
-		handler = requireAPIKey(s.keys, s.log, handler)
+	if !public {
+		next = requireAPIKey(s.keys, s.log, next)
 	}
-	if r.deprecated {
-		handler = deprecate(handler)
+	if deprecated {
+		next = deprecate(next)
 	}
-	return handler
+	return next
 }
 
-// notFound answers a path the service does not serve.
 func notFound(w http.ResponseWriter, r *http.Request) error {
 	return errorf(http.StatusNotFound, "not_found", "no such resource: %s", r.URL.Path)
 }
 
 // methodNotAllowed answers a known path asked with another method.
-func methodNotAllowed(allow string) func(http.ResponseWriter, *http.Request) error {
+func methodNotAllowed(allow string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Allow", allow)
 		return errorf(http.StatusMethodNotAllowed, "method_not_allowed", "method %s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow)
@@ -155,7 +152,7 @@ var openapiDocument []byte
 
 // serveDocument answers the document as the media type: JSON is YAML 1.2
 // too, so one document serves tools that ask for either.
-func serveDocument(mediaType string) func(http.ResponseWriter, *http.Request) error {
+func serveDocument(mediaType string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", mediaType)
 		w.Header().Set("Content-Length", strconv.Itoa(len(openapiDocument)))
@@ -164,8 +161,8 @@ func serveDocument(mediaType string) func(http.ResponseWriter, *http.Request) er
 	}
 }
 
-// listOrders stands for GET /store/orders, named but not described by the
-// specification.
+// listOrders stands for GET /store/orders, which the specification names
+// but does not describe.
 func listOrders(w http.ResponseWriter, r *http.Request) error {
 	return errorf(http.StatusNotImplemented, "not_implemented", "GET /v1/store/orders is named by the specification but not specified, so it is not implemented")
 }
@@ -173,37 +170,37 @@ func listOrders(w http.ResponseWriter, r *http.Request) error {
 // listPets answers one page in ascending id, with a Link to the next page
 // when more pets match.
 func (s *server) listPets(w http.ResponseWriter, r *http.Request) error {
-	q, err := parseListQuery(r.URL.RawQuery)
+	limit, status, after, err := parseListQuery(r.URL.RawQuery)
 	if err != nil {
 		return err
 	}
 	// One more than asked tells whether there is a next page, so the last
 	// page, even an exactly full one, has no next link.
-	pets, err := s.store.listPets(r.Context(), q.status, q.after, q.limit+1)
+	pets, err := s.store.listPets(r.Context(), status, after, limit+1)
 	if err != nil {
 		return err
 	}
-	if len(pets) > q.limit {
-		pets = pets[:q.limit]
-		next := "limit=" + strconv.Itoa(q.limit)
-		if q.status != "" {
-			next += "&status=" + q.status
+	if len(pets) > limit {
+		pets = pets[:limit]
+		next := "limit=" + strconv.Itoa(limit)
+		if status != "" {
+			next += "&status=" + status
 		}
 		// RFC 8288, relative: it holds behind any domain or proxy.
-		w.Header().Set("Link", fmt.Sprintf(`</v1/pets?%s&after=%d>; rel="next"`, next, pets[len(pets)-1].ID))
+		w.Header().Set("Link", fmt.Sprintf(`</v1/pets?%s&after=%d>; rel="next"`, next, pets[limit-1].ID))
 	}
 	writeJSON(w, http.StatusOK, pets)
 	return nil
 }
 
-// getPet answers one pet; the route is deprecated. It takes no query: a
-// typo must not pass for a filter that worked.
+// getPet answers one pet. It takes no query: a typo must not pass for a
+// filter that worked.
 func (s *server) getPet(w http.ResponseWriter, r *http.Request) error {
-	if r.URL.RawQuery != "" {
-		return badParameter("getPet takes no query parameters, got %s", quote(r.URL.RawQuery))
-	}
 	id, ok := parseDecimal(r.PathValue("petId"))
-	if !ok || id < 1 {
+	switch {
+	case r.URL.RawQuery != "":
+		return badParameter("getPet takes no query parameters, got %s", quote(r.URL.RawQuery))
+	case !ok || id < 1:
 		return badParameter("petId must be a pet's id, an integer from 1 to 9223372036854775807, got %s", quote(r.PathValue("petId")))
 	}
 	p, err := s.store.getPet(r.Context(), id)
@@ -217,12 +214,16 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) error {
 // createPet answers 201 only once the pet is committed. With an
 // Idempotency-Key, a retry of the same request gets the same 201 again.
 func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
-	if !isJSON(r.Header.Get("Content-Type")) {
-		return errorf(http.StatusUnsupportedMediaType, "unsupported_media_type", "send the body as JSON with the header Content-Type: application/json (curl: --json)")
+	// A key of 1 to 255 printable characters, taken as sent, quotes and
+	// all, so a client that always sends one form meets its own key
+	// (draft-ietf-httpapi-idempotency-key-header).
+	keys := r.Header.Values("Idempotency-Key")
+	if len(keys) > 1 || len(keys) == 1 && (keys[0] == "" || len(keys[0]) > 255 || !isPrintable(keys[0])) {
+		return badParameter("send one Idempotency-Key header of 1 to 255 printable ASCII characters")
 	}
-	key, err := idempotencyKey(r.Header)
-	if err != nil {
-		return err
+	key := strings.Join(keys, "") // "" when none was sent
+	if ct := r.Header.Get("Content-Type"); ct != "" && !isJSON(ct) {
+		return errorf(http.StatusUnsupportedMediaType, "unsupported_media_type", "send the body as JSON with the header Content-Type: application/json (curl: --json)")
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if errors.As(err, new(*http.MaxBytesError)) {
@@ -252,50 +253,48 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// listQuery is what listPets was asked for.
-type listQuery struct {
-	limit  int
-	status string
-	after  int64
+// isJSON reports whether a Content-Type is application/json with no
+// charset but UTF-8, the only one JSON has (RFC 8259). No Content-Type at
+// all is read as JSON, for curl -d.
+func isJSON(contentType string) bool {
+	mediaType, params, err := mime.ParseMediaType(contentType)
+	return err == nil && mediaType == "application/json" && (params["charset"] == "" || strings.EqualFold(params["charset"], "utf-8"))
 }
 
-// parseListQuery reads listPets' query. Unknown and repeated parameters
-// are refused: a misspelt "stauts" must not return every pet. Of several
-// problems the first name in sorted order is named, whatever the order
-// sent.
-func parseListQuery(raw string) (listQuery, error) {
-	q := listQuery{limit: defaultLimit}
+// parseListQuery reads listPets' query: limit (1 to 100, 20 by default),
+// status, and after, the id of the last pet seen. Unknown and repeated
+// parameters are refused: a misspelt "stauts" must not return every pet.
+// Of several problems, the first name in sorted order is named.
+func parseListQuery(raw string) (limit int, status string, after int64, err error) {
 	// Empty pairs mean nothing, and ParseQuery counts them to its limit.
 	values, err := url.ParseQuery(strings.Join(slices.DeleteFunc(strings.Split(raw, "&"), func(p string) bool { return p == "" }), "&"))
 	if err != nil {
-		return q, badParameter("malformed query string: use name=value pairs joined by &, percent-encoded")
+		return 0, "", 0, badParameter("malformed query string: use name=value pairs joined by &, percent-encoded")
 	}
+	limit = 20
 	for _, name := range slices.Sorted(maps.Keys(values)) {
-		v := values[name]
+		v := values[name][0]
+		n, isNumber := parseDecimal(v)
 		switch {
-		case len(v) > 1:
-			return q, badParameter("query parameter %s is given more than once", name)
+		case len(values[name]) > 1:
+			return 0, "", 0, badParameter("query parameter %s is given more than once", name)
+		case name == "limit" && (!isNumber || n < 1 || n > 100):
+			return 0, "", 0, badParameter("limit must be an integer from 1 to 100, got %s", quote(v))
 		case name == "limit":
-			n, ok := parseDecimal(v[0])
-			if !ok || n < 1 || n > maxLimit {
-				return q, badParameter("limit must be an integer from 1 to %d, got %s", maxLimit, quote(v[0]))
-			}
-			q.limit = int(n)
+			limit = int(n)
+		case name == "status" && !slices.Contains(petStatuses, v):
+			return 0, "", 0, badParameter("status must be one of available, pending, sold, got %s", quote(v))
 		case name == "status":
-			if !slices.Contains(petStatuses, v[0]) {
-				return q, badParameter("status must be one of available, pending, sold, got %s", quote(v[0]))
-			}
-			q.status = v[0]
+			status = v
+		case name == "after" && !isNumber:
+			return 0, "", 0, badParameter("after must be the id of the last pet seen (an integer from 0 to 9223372036854775807), got %s", quote(v))
 		case name == "after":
-			var ok bool
-			if q.after, ok = parseDecimal(v[0]); !ok {
-				return q, badParameter("after must be the id of the last pet seen (an integer from 0 to 9223372036854775807), got %s", quote(v[0]))
-			}
+			after = n
 		default:
-			return q, badParameter("unknown query parameter %s; known: limit, status, after", quote(name))
+			return 0, "", 0, badParameter("unknown query parameter %s; known: limit, status, after", quote(name))
 		}
 	}
-	return q, nil
+	return limit, status, after, nil
 }
 
 // badParameter is a 400 for a query parameter or a header.
@@ -321,33 +320,6 @@ func cut(s string) string {
 	return s
 }
 
-// isJSON accepts application/json with any parameters but a charset
-// other than UTF-8, the only one JSON has (RFC 8259). No header at all
-// is read as JSON, for curl -d.
-func isJSON(contentType string) bool {
-	if contentType == "" {
-		return true
-	}
-	mt, params, err := mime.ParseMediaType(contentType)
-	cs, hasCharset := params["charset"]
-	return err == nil && mt == "application/json" && (!hasCharset || strings.EqualFold(cs, "utf-8"))
-}
-
-// idempotencyKey reads the Idempotency-Key header
-// (draft-ietf-httpapi-idempotency-key-header): 1 to 255 printable ASCII
-// characters, taken as sent, quotes included, so a client that always
-// sends one form meets its own key. "" when none was sent.
-func idempotencyKey(h http.Header) (string, error) {
-	values := h.Values("Idempotency-Key")
-	if len(values) == 0 {
-		return "", nil
-	}
-	if key := values[0]; len(values) > 1 || key == "" || len(key) > 255 || !isPrintable(key) {
-		return "", badParameter("send one Idempotency-Key header of 1 to 255 printable ASCII characters")
-	}
-	return values[0], nil
-}
-
 // decodeNewPet reads a create's body and names every problem with it.
 // It walks the members with encoding/json's tokens: decoding into the
 // struct would take a member name in any case ("categoryID"), let a
@@ -363,34 +335,37 @@ func decodeNewPet(body []byte) (NewPet, error) {
 		return NewPet{}, errors.New("request body must be a JSON object")
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.Token() // the {
 	members := map[string]json.RawMessage{}
 	var problems []string
-	for dec.More() {
-		name, err := dec.Token()
+	_, err := dec.Token() // the {
+	for err == nil && dec.More() {
+		var token json.Token
 		var value json.RawMessage
-		if err == nil {
+		if token, err = dec.Token(); err == nil {
 			err = dec.Decode(&value)
 		}
-		if err != nil {
-			return NewPet{}, jsonProblem(err)
+		name, _ := token.(string) // a member's name, as the object is valid so far
+		if _, dup := members[name]; dup && err == nil {
+			return NewPet{}, fmt.Errorf("field %s appears more than once", quote(name))
 		}
-		if _, dup := members[name.(string)]; dup {
-			return NewPet{}, fmt.Errorf("field %s appears more than once", quote(name.(string)))
-		}
-		members[name.(string)] = value
-		switch name {
-		case "name", "categoryId", "status":
-		case "id":
+		members[name] = value
+		switch {
+		case err != nil, name == "name", name == "categoryId", name == "status":
+		case name == "id":
 			problems = append(problems, "id must not be sent: the service assigns it")
 		default:
-			problems = append(problems, fmt.Sprintf("unknown field %s (a NewPet has name, categoryId and status)", quote(name.(string))))
+			problems = append(problems, fmt.Sprintf("unknown field %s (a NewPet has name, categoryId and status)", quote(name)))
 		}
 	}
-	if _, err := dec.Token(); err != nil { // the }
-		return NewPet{}, jsonProblem(err)
+	if err == nil {
+		_, err = dec.Token() // the }
 	}
-	if _, err := dec.Token(); err != io.EOF {
+	var syntax *json.SyntaxError
+	if errors.As(err, &syntax) {
+		return NewPet{}, fmt.Errorf("request body is not valid JSON: %v (at byte %d)", err, syntax.Offset)
+	} else if err != nil {
+		return NewPet{}, errors.New("request body is not valid JSON: it ends before the object is complete")
+	} else if _, err := dec.Token(); err != io.EOF {
 		return NewPet{}, errors.New("request body has data after the JSON object; send exactly one object")
 	}
 	pet := NewPet{Status: petStatuses[0]}
@@ -400,19 +375,10 @@ func decodeNewPet(body []byte) (NewPet, error) {
 		}
 	}
 	if len(problems) > 0 {
-		// At most a dozen or so fit in 16 KiB, so the message stays small.
+		// A few dozen fit in 16 KiB at most, so the message stays small.
 		return NewPet{}, errors.New(strings.Join(problems, "; "))
 	}
 	return pet, nil
-}
-
-// jsonProblem says what encoding/json found wrong with a body.
-func jsonProblem(err error) error {
-	var syntax *json.SyntaxError
-	if errors.As(err, &syntax) {
-		return fmt.Errorf("request body is not valid JSON: %v (at byte %d)", err, syntax.Offset)
-	}
-	return errors.New("request body is not valid JSON: it ends before the object is complete")
 }
 
 // nameProblem checks the name member into name; it returns what is wrong.

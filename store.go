@@ -265,10 +265,11 @@ func (s *store) send(c *createRequest) error {
 }
 
 // writeLoop owns the writer connection. It takes every create queued, up
-// to 256, and commits them together; a lone create goes at once.
+// to 256, and commits them together; a lone create goes at once. Every
+// 200 commits it checkpoints the WAL into the database file.
 func (s *store) writeLoop() {
 	defer close(s.loopDone)
-	for {
+	for commits := 1; ; commits++ {
 		select {
 		case <-s.closed:
 			return
@@ -284,7 +285,19 @@ func (s *store) writeLoop() {
 			}
 			s.commit(batch)
 		}
+		if commits%200 == 0 {
+			s.checkpoint()
+		}
 	}
+}
+
+// checkpoint copies the WAL's committed pages into the database file,
+// passively: a reader is never waited for, and what it holds back is
+// copied at a later one. Its I/O error is a fault that lasts (see fault):
+// nothing more is written, and the next start recovers from the -wal.
+func (s *store) checkpoint() {
+	var busy, frames, copied int
+	s.fault(s.writer.QueryRow("PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied))
 }
 
 // commit stores a batch and answers each of its creates.
