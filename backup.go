@@ -57,7 +57,7 @@ func runBackupCommand(ctx context.Context, args []string, getenv func(string) st
 // dst, which must not exist, so no half copy ever passes for a backup.
 func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
 	if _, err := os.Lstat(dst); err == nil {
-		return 0, fmt.Errorf("backup file %s already exists; a backup never overwrites a file", dst)
+		return 0, fmt.Errorf("%s already exists; a backup never overwrites a file", dst)
 	}
 	// Another application's file is refused with nothing written to it.
 	if _, err := inspect(src); errors.Is(err, errNotPetstore) {
@@ -108,34 +108,27 @@ func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 // it removes the old -wal and -shm and renames the copy over path, which
 // is at every moment the old file or the whole backup.
 func restoreDatabase(ctx context.Context, from, path string) (pets int64, err error) {
-	if _, err = checkBackup(ctx, from); err != nil {
-		return 0, err
-	}
-	if resolved, err := filepath.EvalSymlinks(path); err == nil {
-		path = resolved // a link's target is the file SQLite opens
-	}
 	lock, err := lockFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("database %s: %w; stop it before restoring", path, err)
 	}
 	defer lock.Close()
-	tmp, err := vacuumInto(ctx, from, path)
-	if err != nil {
-		return 0, fmt.Errorf("copy the backup beside %s: %w", path, err)
-	}
+	// The copy, made and checked as a backup is, beside the database.
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".restoring")
+	os.Remove(tmp) // one left by a restore that was stopped
 	defer os.Remove(tmp)
+	if pets, err = backupDatabase(ctx, from, tmp); err != nil {
+		return 0, err
+	}
 	old, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
 	var top int64 // of the file replaced, as far as it can be read
 	old.QueryRowContext(ctx, "SELECT max(coalesce((SELECT max(id) FROM pets), 0), coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))").Scan(&top)
 	old.Close()
-	copied, _ := sql.Open(sqliteDriver, fileURI(tmp))
+	copied, _ := sql.Open(sqliteDriver, fileURI(tmp)+"?_synchronous=FULL")
 	_, err = copied.ExecContext(ctx, `INSERT INTO sqlite_sequence (name, seq) SELECT 'pets', 0 WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'pets');
 		UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'pets';`, top)
 	if err = errors.Join(err, copied.Close()); err != nil {
 		return 0, fmt.Errorf("raise the copy's id sequence: %w", err)
-	}
-	if pets, err = checkBackup(ctx, tmp); err != nil {
-		return 0, err
 	}
 	for _, companion := range []string{path + "-wal", path + "-shm"} {
 		if err := os.Remove(companion); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -80,23 +79,25 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	var cert atomic.Pointer[tls.Certificate]
 	loadCert := func() error {
 		c, err := tls.LoadX509KeyPair(cfg.tlsCert, cfg.tlsKey)
-		if err == nil {
-			cert.Store(&c)
-		}
-		return err
-	}
-	var tlsConfig *tls.Config // nil: plain HTTP
-	if cfg.tlsCert != "" {
-		if err := loadCert(); err != nil {
+		if err != nil {
 			return fmt.Errorf("TLS certificate: %w", err)
 		}
-		// Each new handshake gets the certificate in force.
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12,
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil }}
+		cert.Store(&c)
+		return nil
+	}
+	if cfg.tlsCert != "" {
+		if err := loadCert(); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
+	}
+	if cfg.tlsCert != "" {
+		// Each new handshake gets the certificate in force.
+		ln = tls.NewListener(ln, &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"},
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil }})
 	}
 	defer ln.Close()
 	st, err := openStore(cfg.db, log)
@@ -107,10 +108,12 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	}
 	defer st.close()
 	// net/http's own limits are the front door; floods beyond them are a
-	// proxy's to handle (docs/operations.md).
+	// proxy's to turn away (docs/operations.md). A create may wait for its
+	// commit the write timeout less a margin (a quarter, from 0.25 to 2 s,
+	// at most half), so that one not stored is answered 503 in time.
+	createWithin := cfg.writeTimeout - min(2*time.Second, max(250*time.Millisecond, cfg.writeTimeout/4), cfg.writeTimeout/2)
 	srv := &http.Server{
-		Handler:           newHandler(&server{store: st, keys: keys, log: log, createWithin: createWithin(cfg.writeTimeout)}, cfg.corsOrigins),
-		TLSConfig:         tlsConfig,
+		Handler:           newHandler(&server{store: st, keys: keys, log: log, createWithin: createWithin}, cfg.corsOrigins),
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,
 		WriteTimeout:      cfg.writeTimeout,
@@ -120,14 +123,8 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
-	go func() {
-		if tlsConfig != nil {
-			serveErr <- srv.ServeTLS(ln, "", "")
-		} else {
-			serveErr <- srv.Serve(ln)
-		}
-	}()
-	log.Info("listening", "addr", ln.Addr().String(), "tls", tlsConfig != nil, "db", cfg.db)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("listening", "addr", ln.Addr().String(), "tls", cfg.tlsCert != "", "db", cfg.db)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -143,10 +140,9 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 			} else {
 				log.Info("SIGHUP: API keys reloaded", "keys", len(*keys.digests.Load()))
 			}
-			if tlsConfig == nil {
+			if cfg.tlsCert == "" {
 				continue
-			}
-			if err := loadCert(); err != nil {
+			} else if err := loadCert(); err != nil {
 				log.Error("SIGHUP: TLS certificate not reloaded; the previous one stays in force", "err", err)
 			} else {
 				log.Info("SIGHUP: TLS certificate reloaded", "cert", cfg.tlsCert)
@@ -167,26 +163,16 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	return nil
 }
 
-// createWithin is how long a create may wait for its commit to begin: the
-// write timeout less a margin (a quarter of it, from 0.25 to 2 s, at most
-// half), so a create not stored is answered 503 before the connection is
-// cut.
-func createWithin(writeTimeout time.Duration) time.Duration {
-	return writeTimeout - min(2*time.Second, max(250*time.Millisecond, writeTimeout/4), writeTimeout/2)
-}
-
-// versionLine describes the build from what Go recorded in the binary.
+// versionLine is the build's version and revision, as Go recorded them.
 func versionLine() string {
-	version, revision := "unknown", "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		version = bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				revision = s.Value
-			}
+	bi, _ := debug.ReadBuildInfo() // a module build has it
+	revision := "unknown"
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			revision = s.Value
 		}
 	}
-	return "petstore " + version + " (revision " + revision + ")"
+	return "petstore " + bi.Main.Version + " (revision " + revision + ")"
 }
 
 // config is what the serving flags and environment say.
@@ -252,12 +238,12 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	}
 	for _, o := range strings.FieldsFunc(origins, func(r rune) bool { return r == ',' || r == ' ' }) {
 		// An address copied from a browser's bar ends in "/"; an Origin
-		// never does, so the slash is dropped.
-		u, err := url.Parse(strings.TrimSuffix(o, "/"))
-		if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.User != nil {
+		// never does, and always has a scheme and a host.
+		o = strings.TrimSuffix(o, "/")
+		if _, host, ok := strings.Cut(o, "://"); !ok || host == "" || strings.Contains(host, "/") || !strings.HasPrefix(o, "http") {
 			return c, fmt.Errorf("-cors-origins (PETSTORE_CORS_ORIGINS): %q is not an origin: write the scheme and host (and port), such as https://office.example.com, with no path", o)
 		}
-		c.corsOrigins = append(c.corsOrigins, u.String())
+		c.corsOrigins = append(c.corsOrigins, o)
 	}
 	return c, nil
 }

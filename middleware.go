@@ -1,19 +1,22 @@
 // What every request meets on its way to a handler, in order: the
-// answer's own headers, a request id and the access line, panic recovery,
-// CORS and clean paths; then, on getPet, the deprecation headers. Below
+// answer's own headers, a request id and the access line, panic recovery
+// and CORS; then, on getPet, the deprecation headers. (A path with "//",
+// "." or ".." segments is net/http's: its mux redirects it to the clean
+// one.) Below
 // them, the writer that keeps a stalled log from holding up a request.
 
 package main
 
 import (
 	"cmp"
+	"context"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
 	mathrand "math/rand/v2"
 	"net/http"
-	"path"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -22,7 +25,7 @@ import (
 
 // withMiddleware wraps the mux in what every request meets.
 func withMiddleware(log *slog.Logger, origins []string, mux http.Handler) http.Handler {
-	return logRequests(log, recoverPanics(log, cors(log, origins, cleanPaths(log, mux))))
+	return logRequests(log, recoverPanics(log, cors(log, origins, mux)))
 }
 
 // statusRecorder remembers an answer's status for the access line.
@@ -39,6 +42,9 @@ func (w *statusRecorder) WriteHeader(status int) {
 // Unwrap lets http.ResponseController reach the connection.
 func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// clientRequestID is an X-Request-Id kept as the client sent it.
+var clientRequestID = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+
 // logRequests marks every answer as not to be cached (one client's view
 // of changing data) or sniffed, and gives it an id: the client's
 // X-Request-Id if it is 1 to 128 of A-Za-z0-9-_.: (so it cannot forge or
@@ -48,9 +54,7 @@ func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start, id := time.Now(), r.Header.Get("X-Request-Id")
-		if id == "" || len(id) > 128 || strings.ContainsFunc(id, func(c rune) bool {
-			return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-_.:", c))
-		}) {
+		if !clientRequestID.MatchString(id) {
 			id = fmt.Sprintf("%016x", mathrand.Uint64()|1<<63) // unique enough to find in a log; not a secret
 		}
 		h := w.Header()
@@ -116,23 +120,6 @@ func cors(log *slog.Logger, origins []string, next http.Handler) http.Handler {
 	})
 }
 
-// cleanPaths answers 404 for a path with "//", "." or ".." segments,
-// which the mux would redirect: a redirect is neither the JSON Error body
-// nor something a script's curl follows.
-func cleanPaths(log *slog.Logger, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		clean := path.Clean(r.URL.Path)
-		if strings.HasSuffix(r.URL.Path, "/") && clean != "/" {
-			clean += "/"
-		}
-		if r.URL.Path != clean { // also "*" of OPTIONS *, and CONNECT's empty path
-			writeError(w, r, log, notFound(w, r))
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 // deprecate marks every answer of getPet deprecated (RFC 9745), with its
 // removal date (RFC 8594) and the operation that replaces it.
 func deprecate(next http.Handler) http.Handler {
@@ -185,13 +172,15 @@ func (w *logWriter) Write(p []byte) (int, error) {
 // close writes out what is queued, waiting at most wait for an output
 // that does not take it; a line logged after it is dropped.
 func (w *logWriter) close(wait time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
 	select {
 	case w.lines <- nil:
-		select {
-		case <-w.done:
-		case <-time.After(wait):
-		}
-	case <-time.After(wait):
+	case <-ctx.Done():
+	}
+	select {
+	case <-w.done:
+	case <-ctx.Done():
 	}
 }
 

@@ -73,6 +73,7 @@ func newHandler(s *server, corsOrigins []string) http.Handler {
 		handler            handler
 		public, deprecated bool
 	}{
+		{"GET", "/{$}", serveIndex, true, false},
 		{"GET", "/healthz", s.health, true, false},
 		{"GET", "/openapi.json", serveDocument("application/json"), true, false},
 		{"GET", "/openapi.yaml", serveDocument("application/yaml"), true, false},
@@ -133,6 +134,14 @@ func methodNotAllowed(allow string) handler {
 		w.Header().Set("Allow", allow)
 		return errorf(http.StatusMethodNotAllowed, "method_not_allowed", "method %s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow)
 	}
+}
+
+// serveIndex answers GET /: where things are, relative, so it holds
+// behind any domain or proxy.
+func serveIndex(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]any{"name": "petstore", "description": "A store's catalogue of animals: list, add and get pets under /v1 with a bearer API key.",
+		"links": map[string]string{"pets": "/v1/pets", "openapi": "/openapi.yaml", "openapiJson": "/openapi.json", "health": "/healthz"}})
+	return nil
 }
 
 // health answers 200 only while the service can both read and store a

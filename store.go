@@ -197,38 +197,36 @@ func inspect(path string) (version int, err error) {
 	return version, nil
 }
 
-// migrate applies the migrations the file has not had, in one
-// transaction: a failed upgrade leaves the file as it was.
+// migrate applies the migrations the file has not had, and sets its
+// version, in one transaction: a failed upgrade leaves the file as it was.
 func migrate(db *sql.DB, version int) error {
+	script := ""
+	for _, name := range migrations[version:] {
+		sql, _ := schema.ReadFile(name) // embedded: it cannot fail
+		script += string(sql) + ";\n"   // ";": a file of comments alone is a statement of none
+	}
 	tx, err := db.Begin()
+	if err == nil {
+		// PRAGMA takes no bound parameter; the value is our own integer.
+		_, err = tx.Exec(script + fmt.Sprintf("PRAGMA user_version = %d;", len(migrations)))
+	}
+	if err == nil {
+		err = tx.Commit()
+	} else if tx != nil {
+		tx.Rollback()
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("migrate schema from version %d to %d: %w", version, len(migrations), err)
 	}
-	defer tx.Rollback()
-	for i := version; i < len(migrations); i++ {
-		sql, err := schema.ReadFile(migrations[i])
-		if err == nil {
-			_, err = tx.Exec(string(sql) + ";") // ";": a file of comments alone is a statement of none
-		}
-		if err != nil {
-			return fmt.Errorf("migrate schema to version %d: %w", i+1, err)
-		}
-	}
-	// PRAGMA takes no bound parameter; the value is our own integer.
-	if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", len(migrations))); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return nil
 }
 
-// createRequest is one create on its way to the writer loop; a probe
-// stores nothing and tells whether a pet could be stored.
+// createRequest is one create on its way to the writer loop.
 type createRequest struct {
 	ctx   context.Context // its deadline, or its client leaving, keeps it from being stored
 	pet   NewPet
 	key   string // the Idempotency-Key, "" for none
 	scope []byte // the API key's idempotencyScope
-	probe bool
 	done  chan createResult
 }
 
@@ -244,24 +242,16 @@ type createResult struct {
 // returns that pet and replayed; used for another, errIdempotencyKeyReused.
 func (s *store) createPet(ctx context.Context, pet NewPet, key string, scope []byte) (Pet, bool, error) {
 	c := &createRequest{ctx: ctx, pet: pet, key: key, scope: scope, done: make(chan createResult, 1)}
-	if err := s.send(c); err != nil {
-		return Pet{}, false, err
+	select {
+	case s.creates <- c:
+	case <-ctx.Done():
+		return Pet{}, false, notStored(ctx.Err())
+	case <-s.closed:
+		return Pet{}, false, &storageError{faultStopping, errors.New("store closed")}
 	}
 	// Taken: the writer answers it, whatever the client does meanwhile.
 	r := <-c.done
 	return r.pet, r.replayed, r.err
-}
-
-// send hands c to the writer loop, or says why it could not.
-func (s *store) send(c *createRequest) error {
-	select {
-	case s.creates <- c:
-		return nil
-	case <-c.ctx.Done():
-		return notStored(c.ctx.Err())
-	case <-s.closed:
-		return &storageError{faultStopping, errors.New("store closed")}
-	}
 }
 
 // writeLoop owns the writer connection. It takes every create queued, up
@@ -303,12 +293,7 @@ func (s *store) checkpoint() {
 // commit stores a batch and answers each of its creates.
 func (s *store) commit(batch []*createRequest) {
 	results := make([]createResult, len(batch))
-	var err error
-	if f := s.lasting.Load(); f != nil {
-		err = f
-	} else {
-		err = s.insertBatch(batch, results)
-	}
+	err := s.insertBatch(batch, results)
 	if _, isFault := classifyFault(err); err != nil && !isFault && len(batch) > 1 {
 		// One create SQLite refused (an operator's trigger, a constraint)
 		// must not fail its neighbours: the transaction was rolled back,
@@ -318,16 +303,8 @@ func (s *store) commit(batch []*createRequest) {
 		}
 		return
 	}
-	if err = s.fault(err); isConstraint(err) {
+	if err = s.written(err); isConstraint(err) {
 		err = &refusedError{err}
-	} else if kind, _ := classifyFault(err); kind == faultReadOnly {
-		// SQLite keeps a file it opened read-only so, the -shm too, for
-		// every connection of the process: the idle ones are closed, and
-		// once all are, a new one sees the file writable again.
-		for _, db := range []*sql.DB{s.writer, s.readers} {
-			db.SetMaxIdleConns(0)
-			db.SetMaxIdleConns(2 * runtime.GOMAXPROCS(0))
-		}
 	}
 	for i, c := range batch {
 		if err != nil && results[i].err == nil {
@@ -341,6 +318,9 @@ func (s *store) commit(batch []*createRequest) {
 // an error means nothing was stored. The statements run without the
 // clients' contexts: one client leaving must not abort the others'.
 func (s *store) insertBatch(batch []*createRequest, results []createResult) error {
+	if f := s.lasting.Load(); f != nil {
+		return f
+	}
 	ctx := context.Background()
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
@@ -367,14 +347,24 @@ const probeSQL = `INSERT INTO pets (name, category_id, status, idempotency_key, 
 	DELETE FROM pets WHERE id = last_insert_rowid();
 	UPDATE sqlite_sequence SET seq = seq - 1 WHERE name = 'pets';`
 
+// written is what a write's error means: a fault (see fault) or itself.
+// SQLite keeps a file it opened read-only so, and the -shm too, for every
+// connection of the process: on a read-only fault the idle ones are
+// closed, and once all are, a new one sees the file writable again.
+func (s *store) written(err error) error {
+	if kind, _ := classifyFault(err); kind == faultReadOnly {
+		for _, db := range []*sql.DB{s.writer, s.readers} {
+			db.SetMaxIdleConns(0)
+			db.SetMaxIdleConns(2 * runtime.GOMAXPROCS(0))
+		}
+	}
+	return s.fault(err)
+}
+
 // insertPet does one create in the batch's transaction. The key's lookup
 // and the insert share it, so two creates with one key, even in one
 // batch, store one pet; the unique index would refuse a second anyway.
 func (s *store) insertPet(ctx context.Context, tx *sql.Tx, c *createRequest) (createResult, error) {
-	if c.probe {
-		_, err := tx.ExecContext(ctx, probeSQL)
-		return createResult{}, err
-	}
 	var key, scope, fingerprint any // NULL without an Idempotency-Key
 	if c.key != "" {
 		// What the create asks for, after defaults; NUL is never in a name.
@@ -435,29 +425,29 @@ func (s *store) getPet(ctx context.Context, id int64) (Pet, error) {
 }
 
 // health is nil while the store can both read and store a pet, and
-// otherwise the failing check, as a *storageError. Its write is a probe
-// that the writer commits with the creates queued, sharing their fsync,
-// so monitors asking often cost little; it waits at most 5 s.
+// otherwise the failing check, as a *storageError: it reads a page, and
+// commits a write of what a create writes (probeSQL), on the writer's
+// connection between its batches, within 5 s.
 func (s *store) health(ctx context.Context) error {
+	if f := s.lasting.Load(); f != nil {
+		return f
+	}
 	if _, err := s.listPets(ctx, "", 0, 1); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c := &createRequest{ctx: ctx, probe: true, done: make(chan createResult, 1)}
-	err := s.send(c)
+	tx, err := s.writer.BeginTx(ctx, nil)
 	if err == nil {
-		select {
-		case r := <-c.done:
-			err = r.err
-		case <-ctx.Done(): // a commit stuck on the storage holds the probe back
-			err = notStored(ctx.Err())
+		defer tx.Rollback()
+		if _, err = tx.ExecContext(ctx, probeSQL); err == nil {
+			err = tx.Commit()
 		}
 	}
-	if kind, _ := classifyFault(err); kind == faultTimedOut {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return &storageError{faultNotAnswering, errors.New("a write has waited on the storage for 5 s")}
 	}
-	return err
+	return s.written(err)
 }
 
 // close stops the writer loop after the commit under way and closes the
