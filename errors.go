@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 )
 
 // The Error body's code is one of a closed vocabulary, which README.md
@@ -96,8 +97,10 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 // writeJSON answers v as JSON and a newline. HTML escaping is off: the
 // body is application/json with nosniff, never HTML, and "<" reads as "<".
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	var body bytes.Buffer
-	enc := json.NewEncoder(&body)
+	body := buffers.Get().(*bytes.Buffer)
+	defer buffers.Put(body)
+	body.Reset()
+	enc := json.NewEncoder(body)
 	enc.SetEscapeHTML(false)
 	enc.Encode(v) // the service's own types of strings and ints: it cannot fail
 	w.Header().Set("Content-Type", "application/json")
@@ -105,3 +108,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	w.Write(body.Bytes())
 }
+
+// buffers keeps answers' buffers for the next answers: a page of pets
+// is a few KiB, and making it anew each time showed in the profile.
+var buffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}

@@ -85,7 +85,9 @@ func TestDiskFull(t *testing.T) {
 
 // TestReadOnly: a database that cannot be written (an immutable file, a
 // filesystem mounted read-only) is served for reading with creates and
-// /healthz 503 read-only, from the start, until it can be written again.
+// /healthz 503 read-only, from the start; made writable again, and the
+// service restarted (SQLite keeps a file it opened read-only so), it
+// takes creates.
 func TestReadOnly(t *testing.T) {
 	needTool(t, "chattr", "apt-get install e2fsprogs")
 	dir := mount(t, "-t", "tmpfs", "-o", "size=16m", "tmpfs")
@@ -107,8 +109,9 @@ func TestReadOnly(t *testing.T) {
 		if out, err := exec.Command(how[1][0], how[1][1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %v %s", how[1], err, out)
 		}
+		must(t, svc.stop())
+		svc = startService(t, nil, "-db", svc.db)
 		svc.check(t, health, healthy)
-		// Written through a new connection, read through the old ones.
 		got, header := svc.send(t, call{method: "POST", path: "/v1/pets", body: `{"name":"Tom","categoryId":2}`})
 		if got.status != 201 {
 			t.Fatalf("a create once writable: %d %s", got.status, got.body)
@@ -120,8 +123,8 @@ func TestReadOnly(t *testing.T) {
 }
 
 // TestDamagedFile: a file damaged while the service was down is found by
-// the start's check; creates and /healthz are 503 storage_damaged, and a
-// pet that cannot be found is not a 404.
+// the check the start begins; from then on creates and /healthz are 503
+// storage_damaged, and a pet that cannot be found is not a 404.
 func TestDamagedFile(t *testing.T) {
 	svc := startService(t, nil)
 	var bodies []string
@@ -138,6 +141,7 @@ func TestDamagedFile(t *testing.T) {
 	}
 	f.Close()
 	svc = startService(t, nil, "-db", svc.db)
+	waitFor(t, "the check to find the damage", func() bool { got, _ := svc.send(t, health); return got.status == 503 })
 	svc.check(t, aPet, damaged)
 	svc.check(t, health, damaged)
 	svc.check(t, call{method: "GET", path: "/v1/pets/999999"}, reply{503, map[string]string{"Deprecation": "@1795305600"}, damaged.body})

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -55,7 +56,7 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start, id := time.Now(), r.Header.Get("X-Request-Id")
 		if !clientRequestID.MatchString(id) {
-			id = fmt.Sprintf("%016x", mathrand.Uint64()|1<<63) // unique enough to find in a log; not a secret
+			id = strconv.FormatUint(mathrand.Uint64()|1<<63, 16) // unique enough to find in a log; not a secret
 		}
 		h := w.Header()
 		h.Set("Cache-Control", "no-store")
@@ -68,8 +69,8 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 			d := digestOf(token)
 			keyID = hex.EncodeToString(d[:4])
 		}
-		log.Info("request", "request_id", id, "method", r.Method, "path", r.URL.Path, "status", cmp.Or(rec.status, http.StatusOK),
-			"duration", time.Since(start), "key_id", keyID)
+		log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", id), slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.Int("status", cmp.Or(rec.status, http.StatusOK)), slog.Duration("duration", time.Since(start)), slog.String("key_id", keyID))
 	})
 }
 
@@ -146,14 +147,22 @@ func newLogWriter(out io.Writer, format string) *logWriter {
 	w := &logWriter{lines: make(chan []byte, 4096), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
+		var batch []byte
 		for line := range w.lines {
-			if line == nil {
-				return
+			// What is queued goes in one write: under load, one write(2)
+			// of many lines, not one a request.
+			batch = append(batch[:0], line...)
+			for line != nil && len(w.lines) > 0 {
+				line = <-w.lines
+				batch = append(batch, line...)
 			}
 			if n := w.dropped.Swap(0); n > 0 {
 				newLogger(out, format, slog.LevelWarn).Warn("log lines were dropped: the log output did not take them", "lines", n)
 			}
-			out.Write(line)
+			out.Write(batch)
+			if line == nil {
+				return
+			}
 		}
 	}()
 	return w

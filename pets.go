@@ -185,7 +185,7 @@ func (s *server) listPets(w http.ResponseWriter, r *http.Request) error {
 	}
 	// One more than asked tells whether there is a next page, so the last
 	// page, even an exactly full one, has no next link.
-	pets, err := s.store.listPets(r.Context(), status, after, limit+1)
+	pets, err := s.store.listPets(status, after, limit+1)
 	if err != nil {
 		return err
 	}
@@ -212,7 +212,7 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) error {
 	case !ok || id < 1:
 		return badParameter("petId must be a pet's id, an integer from 1 to 9223372036854775807, got %s", quote(r.PathValue("petId")))
 	}
-	p, err := s.store.getPet(r.Context(), id)
+	p, err := s.store.getPet(id)
 	if err != nil {
 		return err
 	}

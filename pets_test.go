@@ -93,6 +93,25 @@ func TestSession(t *testing.T) {
 	}
 }
 
+// TestConcurrentReads: many lists and gets at once, each filtered or not,
+// are all answered: none holds a reader another waits for.
+func TestConcurrentReads(t *testing.T) {
+	svc := startService(t, nil)
+	createPets(t, svc, `{"name":"Rex","categoryId":1}`, `{"name":"Tom","categoryId":2,"status":"sold"}`)
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			path := []string{"/v1/pets?status=sold", "/v1/pets?limit=1", "/v1/pets/2"}[i%3]
+			if got, _ := svc.send(t, call{method: "GET", path: path}); got.status != 200 {
+				t.Errorf("GET %s: %d %s", path, got.status, got.body)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // TestCreate: each body is stored, and read back, as it is answered.
 func TestCreate(t *testing.T) {
 	long := strings.Repeat("é", 100)
