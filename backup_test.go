@@ -51,7 +51,7 @@ func TestBackupAndRestore(t *testing.T) {
 	}{
 		{[]string{"backup", "-db", svc.db, first}, "backup: " + first + " already exists; a backup never overwrites a file"},
 		{[]string{"backup", "-db", svc.db}, "backup: name the files as the usage says, flags first: petstore backup [-db FILE] BACKUP-FILE"},
-		{[]string{"backup", "-db", "testdata/schemas/v1.sql", filepath.Join(dir, "x.db")}, "backup: back up testdata/schemas/v1.sql: file is not a database"},
+		{[]string{"backup", "-db", "testdata/schemas/1.sql", filepath.Join(dir, "x.db")}, "backup: back up testdata/schemas/1.sql: file is not a database"},
 		{[]string{"restore", "-db", svc.db, "-from", first}, "restore: database " + svc.db + ": it is in use by another petstore process; run one service per database file; stop it before restoring"},
 		{[]string{"restore", "-db", svc.db}, "restore: name the files as the usage says, flags first: petstore restore -from BACKUP [-db FILE]"},
 		{[]string{"restore", "-db", filepath.Join(dir, "y.db"), "-from", svc.db + "-wal"}, "restore: back up " + svc.db + "-wal: file is not a database"},

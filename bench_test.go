@@ -14,11 +14,8 @@ package main
 
 import (
 	"cmp"
-	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"maps"
@@ -102,8 +99,6 @@ func BenchmarkMillionPets(b *testing.B) {
 // litestream.yml ships it (truncate-page-n: 0), on the service's CPU.
 // Target: at least 0.9 of without.
 func BenchmarkLitestream(b *testing.B) {
-	gopath, _ := exec.Command("go", "env", "GOPATH").Output()
-	b.Setenv("PATH", os.Getenv("PATH")+string(os.PathListSeparator)+filepath.Join(strings.TrimSpace(string(gopath)), "bin"))
 	ls := needTool(b, "litestream", "go install github.com/benbjohnson/litestream/cmd/litestream@v0.5.18")
 	bin, load := setUp(b, true)
 	pets := knob(b, "PETSTORE_BENCH_BIG_PETS", 1000000)
@@ -135,7 +130,9 @@ func BenchmarkFreshClient(b *testing.B) {
 		flood(strings.Fields(spec)) // the helper's whole work, until killed
 	}
 	bin, load := setUp(b, true)
-	certFile, keyFile, pool := selfSigned(b)
+	dir := b.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	pool := writeCertificate(b, certFile, keyFile, 1)
 	freshClient(b, bin, load, "plain (target 10 of 10)", "300 200 100 0", 600, 1, pool)
 	freshClient(b, bin, load, "TLS, HTTP/2 (target 9 of 10)", "0 0 0 300", 300, 2, pool, "-tls-cert", certFile, "-tls-key", keyFile)
 }
@@ -202,17 +199,13 @@ func flood(args []string) {
 			go func() {
 				for ; ; time.Sleep(10 * time.Millisecond) {
 					if c, err := d.Dial("tcp", args[0]); err == nil {
-						switch _, err = io.WriteString(c, starts[kind]); kind {
-						case 0: // the request again as its answer comes (in one read: it is small)
-							for answer := make([]byte, 64<<10); err == nil; _, err = io.WriteString(c, starts[0]) {
-								_, err = c.Read(answer)
-							}
-						case 1, 2:
-							for ; err == nil; _, err = c.Write([]byte(" ")) {
-								time.Sleep(time.Second)
-							}
+						// Keep-alive: one request, then idle; partial headers
+						// and slow bodies: a byte a second.
+						_, err = io.WriteString(c, starts[kind])
+						for ; err == nil && (kind == 1 || kind == 2); _, err = c.Write([]byte(" ")) {
+							time.Sleep(time.Second)
 						}
-						io.Copy(io.Discard, c) // until the service closes it
+						io.Copy(io.Discard, c) // the answer, until the service closes it
 						c.Close()
 					}
 				}
@@ -220,22 +213,6 @@ func flood(args []string) {
 		}
 	}
 	select {}
-}
-
-// selfSigned writes a certificate for 127.0.0.1, made here, and its key,
-// and returns their files and a pool that trusts it.
-func selfSigned(b *testing.B) (certFile, keyFile string, pool *x509.CertPool) {
-	pub, key, _ := ed25519.GenerateKey(rand.Reader) // cannot fail with crypto/rand
-	template := &x509.Certificate{NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-	der, err := x509.CreateCertificate(rand.Reader, template, template, pub, key)
-	must(b, err)
-	pkcs8, _ := x509.MarshalPKCS8PrivateKey(key) // cannot fail for an ed25519 key
-	certPEM, dir, pool := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), b.TempDir(), x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	must(b, os.WriteFile(certFile, certPEM, 0o600))
-	must(b, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: pkcs8}), 0o600))
-	return certFile, keyFile, pool
 }
 
 // benchOp is one operation of a load run: a sample request, and wrk's Lua

@@ -78,12 +78,7 @@ func checkClientRun(t *testing.T, out string) {
 // its own.
 func TestGeneratedGoClient(t *testing.T) {
 	t.Parallel()
-	codegen := "oapi-codegen"
-	if _, err := exec.LookPath(codegen); err != nil { // go install puts it in GOPATH/bin, not always on PATH
-		gopath, _ := exec.Command("go", "env", "GOPATH").Output()
-		codegen = filepath.Join(strings.TrimSpace(string(gopath)), "bin", codegen)
-	}
-	codegen = needTool(t, codegen, "go install "+oapiCodegen)
+	codegen := needTool(t, "oapi-codegen", "go install "+oapiCodegen)
 	goBin := needTool(t, "go", "https://go.dev/doc/install")
 	dir := t.TempDir()
 	svc := servedDocument(t, dir, "goclient")

@@ -177,21 +177,19 @@ func TestIOError(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; ; i++ {
+			for done := false; !done; {
 				got, header := svc.send(t, call{method: "POST", path: "/v1/pets", body: `{"name":"` + strings.Repeat("n", 90) + `","categoryId":1}`})
 				mu.Lock()
-				if got.status == 201 {
+				switch got.status {
+				case 201:
 					acked[header.Get("Location")] = true
-				} else if got.status == 503 {
+				case 503:
 					refused++
-				} else {
+				default:
 					t.Errorf("a create: %d %s", got.status, got.body)
 				}
-				done := refused >= 20
+				done = refused >= 20
 				mu.Unlock()
-				if done {
-					return
-				}
 			}
 		}()
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -9,7 +10,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -31,7 +31,8 @@ import (
 )
 
 // TestRunFailures: each mistake of configuration stops the start with one
-// error naming it, before the database is opened or made.
+// error naming it, before the database is opened or made; the binary
+// prints it in one line and exits 1.
 func TestRunFailures(t *testing.T) {
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
@@ -71,6 +72,10 @@ func TestRunFailures(t *testing.T) {
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 || string(out) != "petstore: -log-format (PETSTORE_LOG_FORMAT) must be text or json, got \"xml\"\n" {
 		t.Errorf("exit %v, output %q", err, out)
+	}
+	// -version names the module's version and the revision built.
+	if out, err := exec.Command(path, "-version").Output(); err != nil || !regexp.MustCompile(`^petstore \S+ \(revision \S+\)\n$`).Match(out) {
+		t.Errorf("-version: %v %q", err, out)
 	}
 }
 
@@ -150,21 +155,13 @@ func TestCrashSafety(t *testing.T) {
 						return
 					default:
 					}
-					body := fmt.Sprintf(`{"name":"pet %d-%d","categoryId":%d}`, client, i, client+1)
-					req, _ := http.NewRequest("POST", svc.url+"/v1/pets", strings.NewReader(body))
-					req.Header.Set("Authorization", "Bearer "+testKey)
-					resp, err := http.DefaultClient.Do(req)
-					if err != nil {
-						continue // killed: no answer, and no promise
-					}
-					var p Pet
-					if resp.StatusCode == 201 && json.NewDecoder(resp.Body).Decode(&p) == nil {
-						b, _ := json.Marshal(p)
+					// Killed, no answer: no promise either.
+					got, header := svc.send(t, call{method: "POST", path: "/v1/pets", body: fmt.Sprintf(`{"name":"pet %d-%d","categoryId":%d}`, client, i, client+1)})
+					if got.status == 201 {
 						mu.Lock()
-						acked[strconv.FormatInt(p.ID, 10)] = string(b)
+						acked[strings.TrimPrefix(header.Get("Location"), "/v1/pets/")] = got.body
 						mu.Unlock()
 					}
-					resp.Body.Close()
 				}
 			}()
 		}
@@ -202,26 +199,16 @@ func TestStalledLog(t *testing.T) {
 	must(t, err)
 	r, w, err := os.Pipe()
 	must(t, err)
-	db := filepath.Join(t.TempDir(), "pets.db")
-	// The port is read from a file of its own: stderr is not read.
-	addr, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	port := addr.Addr().String()
-	addr.Close()
-	cmd := exec.Command(path, "-addr", port, "-db", db)
-	cmd.Env = []string{"PETSTORE_API_KEYS=" + testKey}
-	cmd.Stderr = w
+	cmd := exec.Command(path, "-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "pets.db"))
+	cmd.Env, cmd.Stderr = []string{"PETSTORE_API_KEYS=" + testKey}, w
 	must(t, cmd.Start())
 	w.Close()
 	defer cmd.Process.Kill()
-	svc := &service{url: "http://" + port}
-	waitFor(t, "the service", func() bool {
-		resp, err := http.Get(svc.url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	// The log is read as far as its first line, where the service listens.
+	svc := &service{log: &logLines{}}
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	svc.log.Write([]byte(line))
+	svc.listening(t, func() bool { return true })
 	for i := range 2000 { // well over a pipe's 64 KiB of access lines
 		if got, _ := svc.send(t, call{method: "GET", path: fmt.Sprintf("/v1/pets?after=%d", i)}); got.status != 200 {
 			t.Fatalf("request %d with the log stalled: %d", i, got.status)
@@ -308,15 +295,5 @@ func TestWithoutCgo(t *testing.T) {
 	}
 	if diff := cmp.Diff(needsCgo+"\n", stderr.String()); diff != "" {
 		t.Errorf("stderr (-want +got):\n%s", diff)
-	}
-}
-
-// TestVersion: -version names the module's version and revision.
-func TestVersion(t *testing.T) {
-	path, err := binaryPath()
-	must(t, err)
-	out, err := exec.Command(path, "-version").Output()
-	if err != nil || !regexp.MustCompile(`^petstore \S+ \(revision \S+\)\n$`).Match(out) {
-		t.Errorf("-version: %v %q", err, out)
 	}
 }

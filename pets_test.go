@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,14 +14,10 @@ import (
 // The deprecated route's headers, on its every answer.
 var deprecated = map[string]string{"Deprecation": "@1795305600", "Sunset": "Thu, 05 Dec 2030 00:00:00 GMT", "Link": `</v1/pets>; rel="successor-version"`}
 
-func with(h map[string]string, kv ...string) map[string]string {
-	out := map[string]string{}
-	for k, v := range h {
-		out[k] = v
-	}
-	for i := 0; i < len(kv); i += 2 {
-		out[kv[i]] = kv[i+1]
-	}
+// with is h with one header more.
+func with(h map[string]string, k, v string) map[string]string {
+	out := maps.Clone(h)
+	out[k] = v
 	return out
 }
 

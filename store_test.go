@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,19 +13,12 @@ import (
 
 // schemaOf lists what a database file holds: its objects, application id
 // and schema version.
-func schemaOf(t *testing.T, path string) []string {
+func schemaOf(t *testing.T, path string) string {
 	t.Helper()
-	rows, err := sqlite(t, path).Query(`SELECT type || ' ' || name FROM sqlite_schema WHERE name NOT LIKE 'sqlite_autoindex%'
+	var objects string
+	must(t, sqlite(t, path).QueryRow(`SELECT group_concat(o, ', ') FROM (SELECT type || ' ' || name AS o FROM sqlite_schema WHERE name NOT LIKE 'sqlite_autoindex%'
 		UNION ALL SELECT 'application_id ' || application_id FROM pragma_application_id
-		UNION ALL SELECT 'user_version ' || user_version FROM pragma_user_version ORDER BY 1`)
-	must(t, err)
-	defer rows.Close()
-	var objects []string
-	for rows.Next() {
-		var o string
-		must(t, rows.Scan(&o))
-		objects = append(objects, o)
-	}
+		UNION ALL SELECT 'user_version ' || user_version FROM pragma_user_version ORDER BY 1)`).Scan(&objects))
 	return objects
 }
 
@@ -32,23 +26,35 @@ func schemaOf(t *testing.T, path string) []string {
 // migrated at start, keeps its pets, and ends as a new file is: one
 // table, no trigger, nothing beside it but the -wal and -shm.
 func TestDeployedSchemas(t *testing.T) {
-	want := []string{"application_id 1346720851", "index pets_idempotency_key", "index pets_status_id", "table pets", "table sqlite_sequence", "user_version 9"}
+	want := "application_id 1346720851, index pets_idempotency_key, index pets_status_id, table pets, table sqlite_sequence, user_version 9"
 	pets := `[{"id":1,"name":"Rex","categoryId":1,"status":"available"},{"id":2,"name":"Tom","categoryId":2,"status":"pending"},{"id":3,"name":"Max","categoryId":3,"status":"sold"}]`
 	for v := 0; v <= 8; v++ {
 		t.Run(fmt.Sprintf("version %d", v), func(t *testing.T) {
-			db := filepath.Join(t.TempDir(), "pets.db")
-			if v > 0 {
-				fixture, err := os.ReadFile(fmt.Sprintf("testdata/schemas/v%d.sql", v))
+			// A file as 2ef6b6d's migrations 1 to v made it, with three pets
+			// and, from version 6, a create's Idempotency-Key of the test key.
+			db, script := filepath.Join(t.TempDir(), "pets.db"), ""
+			for i := 1; i <= v; i++ {
+				step, err := os.ReadFile(fmt.Sprintf("testdata/schemas/%d.sql", i))
 				must(t, err)
-				_, err = sqlite(t, db).Exec(string(fixture))
-				must(t, err)
+				script += string(step)
 			}
+			if v > 0 {
+				script += "INSERT INTO pets (name, category_id, status) VALUES ('Rex', 1, 'available'), ('Tom', 2, 'pending'), ('Max', 3, 'sold');"
+			}
+			if v >= 6 {
+				key := sha256.Sum256([]byte(testKey)) // the scope as 2ef6b6d derived it
+				scope := sha256.Sum256(append([]byte("petstore idempotency scope\x00"), key[:]...))
+				script += fmt.Sprintf(`INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
+					VALUES ('Luna', 1, 'available', 'order-1', x'%x', x'%x');`, scope[:16], sha256.Sum256([]byte("Luna\x001\x00available")))
+			}
+			_, err := sqlite(t, db).Exec(script + fmt.Sprintf("PRAGMA user_version = %d;", v))
+			must(t, err)
 			svc := startService(t, nil, "-db", db)
 			if v > 0 {
 				svc.check(t, call{method: "GET", path: "/v1/pets?limit=3"}, reply{200, nil, pets})
 			}
 			createPets(t, svc, `{"name":"Kit","categoryId":4}`)
-			if v == 8 { // a retry of 2ef6b6d's create, after the upgrade, replays it
+			if v >= 6 { // a retry of 2ef6b6d's create, after the upgrade, replays it
 				svc.check(t, call{method: "POST", path: "/v1/pets", body: `{"name":"Luna","categoryId":1}`, header: map[string]string{"Idempotency-Key": "order-1"}},
 					reply{201, map[string]string{"Idempotent-Replayed": "true", "Location": "/v1/pets/4"}, `{"id":4,"name":"Luna","categoryId":1,"status":"available"}`})
 			}

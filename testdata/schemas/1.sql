@@ -1,5 +1,4 @@
--- A petstore database as deployed at schema version 1 (2ef6b6d's
--- migrations 1 to 1), holding three pets.
+-- 2ef6b6d's migration to schema version 1, as deployed.
 CREATE TABLE pets (
 		id          INTEGER PRIMARY KEY AUTOINCREMENT,
 		name        TEXT    NOT NULL CHECK (length(name) BETWEEN 1 AND 100),
@@ -7,5 +6,3 @@ CREATE TABLE pets (
 		status      TEXT    NOT NULL CHECK (status IN ('available', 'pending', 'sold'))
 	) STRICT;
 	CREATE INDEX pets_status_id ON pets (status, id);
-INSERT INTO pets (name, category_id, status) VALUES ('Rex', 1, 'available'), ('Tom', 2, 'pending'), ('Max', 3, 'sold');
-PRAGMA user_version = 1;
