@@ -204,24 +204,17 @@ func inspect(path string) (version int, err error) {
 }
 
 // migrate applies the migrations the file has not had, and sets its
-// version, in one transaction: a failed upgrade leaves the file as it was.
+// version, in one transaction: a failed upgrade leaves the file as it
+// was. (The writer is one connection, so the ROLLBACK meets the BEGIN.)
 func migrate(db *sql.DB, version int) error {
-	script := ""
+	script := "BEGIN;\n"
 	for _, name := range migrations[version:] {
 		sql, _ := schema.ReadFile(name) // embedded: it cannot fail
 		script += string(sql) + ";\n"   // ";": a file of comments alone is a statement of none
 	}
-	tx, err := db.Begin()
-	if err == nil {
-		// PRAGMA takes no bound parameter; the value is our own integer.
-		_, err = tx.Exec(script + fmt.Sprintf("PRAGMA user_version = %d;", len(migrations)))
-	}
-	if err == nil {
-		err = tx.Commit()
-	} else if tx != nil {
-		tx.Rollback()
-	}
-	if err != nil {
+	// PRAGMA takes no bound parameter; the value is our own integer.
+	if _, err := db.Exec(script + fmt.Sprintf("PRAGMA user_version = %d;\nCOMMIT;", len(migrations))); err != nil {
+		db.Exec("ROLLBACK")
 		return fmt.Errorf("migrate schema from version %d to %d: %w", version, len(migrations), err)
 	}
 	return nil
