@@ -37,26 +37,37 @@ type keyRing struct {
 	digests    atomic.Pointer[[]keyDigest]
 }
 
-// newKeyRing loads the configured keys. With none configured, it serves
-// the key in the file DB.key beside the database, which the first start
-// generates (mode 0600): a key shown on stderr would be kept by journald
-// or a log file, so the log names only the file.
-func newKeyRing(list, file, db string, log *slog.Logger) (*keyRing, error) {
+// newKeyRing loads the configured keys; with none, it holds none until
+// useKeyFile.
+func newKeyRing(list, file string) (*keyRing, error) {
 	k := &keyRing{list: list, file: file}
 	if list == "" && file == "" {
-		k.file = db + ".key"
-		f, err := os.OpenFile(k.file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err == nil {
-			_, err = fmt.Fprintln(f, generateKey())
-			err = errors.Join(err, f.Sync(), f.Close())
-		}
-		if err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("generated API key file: %w", err)
-		}
-		abs, _ := filepath.Abs(k.file)
-		log.Warn("no API key configured (PETSTORE_API_KEYS, -api-keys-file): serving with the key in key_file, made at the first start; send it as Authorization: Bearer <key>", "key_file", abs)
+		return k, nil
 	}
 	return k, k.reload()
+}
+
+// useKeyFile, with no key configured, serves the key in the file DB.key
+// beside the database, which the first start writes (mode 0600), once the
+// database opened, so that a refused start leaves none: a key shown on
+// stderr would be kept by journald or a log file, so the log names only
+// the file. It is read as a keys file.
+func (k *keyRing) useKeyFile(db string, log *slog.Logger) error {
+	if k.list != "" || k.file != "" {
+		return nil
+	}
+	k.file = db + ".key"
+	f, err := os.OpenFile(k.file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		_, err = fmt.Fprintln(f, generateKey())
+		err = errors.Join(err, f.Sync(), f.Close())
+	}
+	if err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("generated API key file: %w", err)
+	}
+	abs, _ := filepath.Abs(k.file)
+	log.Warn("no API key configured (PETSTORE_API_KEYS, -api-keys-file): serving with the key in key_file, made at the first start; send it as Authorization: Bearer <key>", "key_file", abs)
+	return k.reload()
 }
 
 // reload reads the keys again; what does not load changes nothing. Errors
@@ -100,6 +111,9 @@ func (k *keyRing) reload() error {
 			return fmt.Errorf("API keys file %s holds no key", k.file)
 		}
 	}
+	if len(digests) == 0 { // " , " says there are keys, and gives none
+		return errors.New("PETSTORE_API_KEYS holds no key")
+	}
 	k.digests.Store(&digests)
 	return nil
 }
@@ -123,8 +137,8 @@ const minKeyLength = 20
 // which a keys file holds so that it gives no key away. problem says what
 // is wrong, or is "".
 func parseKey(entry string) (d keyDigest, problem string) {
-	if hexDigest, ok := strings.CutPrefix(entry, "sha256:"); ok {
-		b, err := hex.DecodeString(hexDigest)
+	if len(entry) > 7 && strings.EqualFold(entry[:7], "sha256:") { // in any case: else a digest line would be a key
+		b, err := hex.DecodeString(entry[7:])
 		if err != nil || len(b) != sha256.Size {
 			return d, "is not sha256: followed by the 64 hex digits of the key's SHA-256 digest"
 		}

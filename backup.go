@@ -80,20 +80,18 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 	return pets, syncPath(filepath.Dir(dst))
 }
 
-// checkBackup checks that the copy at path is a whole petstore file, and
-// counts its pets.
+// checkBackup checks that the copy at path is a whole petstore file, of
+// any schema it has deployed, and counts its pets.
 func checkBackup(ctx context.Context, path string) (pets int64, err error) {
+	if _, err := inspect(path); err != nil {
+		return 0, fmt.Errorf("check backup: %w", err)
+	}
 	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path)) // Open fails only for an unknown driver
 	defer db.Close()
-	var appID int64
 	var check string
-	err = db.QueryRowContext(ctx, "SELECT application_id, integrity_check, (SELECT count(*) FROM pets) FROM pragma_application_id, pragma_integrity_check").Scan(&appID, &check, &pets)
-	switch {
-	case err != nil:
+	if err := db.QueryRowContext(ctx, "SELECT integrity_check, (SELECT count(*) FROM pets) FROM pragma_integrity_check").Scan(&check, &pets); err != nil {
 		return 0, fmt.Errorf("check backup: %w", err)
-	case appID != petstoreApplicationID:
-		return 0, fmt.Errorf("check backup: %w (SQLite application_id %#x)", errNotPetstore, appID)
-	case check != "ok":
+	} else if check != "ok" {
 		return 0, fmt.Errorf("check backup: integrity_check says %q", check)
 	}
 	return pets, nil
@@ -105,14 +103,20 @@ func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 // refuses while a service holds it. It writes a copy beside path, whose
 // id sequence it raises to the highest id the file it replaces holds or
 // gave out, so that no id a client was given is handed out again; then
-// it removes the old -wal and -shm and renames the copy over path, which
-// is at every moment the old file or the whole backup.
+// it removes the old -wal and -shm (a stopped service leaves them empty:
+// another file's pages must never be laid over the copy) and renames the
+// copy over path.
 func restoreDatabase(ctx context.Context, from, path string) (pets int64, err error) {
 	lock, err := lockFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("database %s: %w; stop it before restoring", path, err)
 	}
 	defer lock.Close()
+	// Another application's file is not replaced; a damaged one of
+	// petstore's, the reason to restore, is.
+	if _, err := inspect(path); errors.Is(err, errNotPetstore) {
+		return 0, fmt.Errorf("database %s: %w; it is left as it is", path, err)
+	}
 	// The copy, made and checked as a backup is, beside the database.
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".restoring")
 	os.Remove(tmp) // one left by a restore that was stopped
@@ -120,10 +124,14 @@ func restoreDatabase(ctx context.Context, from, path string) (pets int64, err er
 	if pets, err = backupDatabase(ctx, from, tmp); err != nil {
 		return 0, err
 	}
+	// The highest id the file replaced holds or gave out, each as far as
+	// it can be read: the sequence may survive a damaged table.
 	old, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
-	var top int64 // of the file replaced, as far as it can be read
-	old.QueryRowContext(ctx, "SELECT max(coalesce((SELECT max(id) FROM pets), 0), coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))").Scan(&top)
+	var top, seq int64
+	old.QueryRowContext(ctx, "SELECT max(id) FROM pets").Scan(&top)
+	old.QueryRowContext(ctx, "SELECT seq FROM sqlite_sequence WHERE name = 'pets'").Scan(&seq)
 	old.Close()
+	top = max(top, seq)
 	copied, _ := sql.Open(sqliteDriver, fileURI(tmp)+"?_synchronous=FULL")
 	_, err = copied.ExecContext(ctx, `INSERT INTO sqlite_sequence (name, seq) SELECT 'pets', 0 WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'pets');
 		UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'pets';`, top)

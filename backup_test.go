@@ -45,6 +45,9 @@ func TestBackupAndRestore(t *testing.T) {
 		}
 	}
 	wg.Wait()
+	foreign := filepath.Join(dir, "notes.db")
+	_, err := sqlite(t, foreign).Exec("CREATE TABLE notes (body TEXT)")
+	must(t, err)
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -55,13 +58,19 @@ func TestBackupAndRestore(t *testing.T) {
 		{[]string{"restore", "-db", svc.db, "-from", first}, "restore: database " + svc.db + ": it is in use by another petstore process; run one service per database file; stop it before restoring"},
 		{[]string{"restore", "-db", svc.db}, "restore: name the files as the usage says, flags first: petstore restore -from BACKUP [-db FILE]"},
 		{[]string{"restore", "-db", filepath.Join(dir, "y.db"), "-from", svc.db + "-wal"}, "restore: back up " + svc.db + "-wal: file is not a database"},
+		{[]string{"restore", "-db", foreign, "-from", first}, "restore: database " + foreign + ": not a petstore database: it holds tables petstore did not make (notes); it is left as it is"},
 	} {
 		if _, err := runCommand(tt.args...); err == nil || err.Error() != tt.want {
 			t.Errorf("%v: %v\nwant %s", tt.args, err, tt.want)
 		}
 	}
-	// Put the first backup back, where 301 pets had been stored.
+	// Put the first backup back, where 301 pets had been stored, over a
+	// file whose table is damaged: its sequence still says 301.
 	must(t, svc.stop())
+	f, err := os.OpenFile(svc.db, os.O_WRONLY, 0)
+	must(t, err)
+	f.WriteAt(make([]byte, 4096), 4096) // page 2, the table's root
+	f.Close()
 	if out, err := runCommand("restore", "-db", svc.db, "-from", first); err != nil || out != fmt.Sprintf("restored %s to %s: 1 pets, integrity ok\n", first, svc.db) {
 		t.Fatalf("restore: %v %q", err, out)
 	}

@@ -75,9 +75,10 @@ func BenchmarkMillionPets(b *testing.B) {
 	start := time.Now()
 	host, cmd, _ := startPetstore(b, bin, db)
 	svc := &service{url: "http://" + host}
-	for r, _ := svc.send(b, call{method: "GET", path: "/healthz"}); r.status != http.StatusOK; r, _ = svc.send(b, call{method: "GET", path: "/healthz"}) {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(b, "/healthz to answer 200", func() bool {
+		r, _ := svc.send(b, call{method: "GET", path: "/healthz"})
+		return r.status == http.StatusOK
+	})
 	healthy, ops := time.Since(start), benchOps(pets)
 	list, get := wrk(b, nil, ops[1].lua, host, (seconds+1)/2), wrk(b, nil, ops[3].lua, host, (seconds+1)/2)
 	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))

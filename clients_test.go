@@ -82,9 +82,6 @@ func TestGeneratedGoClient(t *testing.T) {
 	goBin := needTool(t, "go", "https://go.dev/doc/install")
 	dir := t.TempDir()
 	svc := servedDocument(t, dir, "goclient")
-	if version, _ := command(t, dir, codegen, "--version"); !strings.Contains(version, strings.Split(oapiCodegen, "@")[1]) {
-		t.Fatalf("needs %s, found %s", oapiCodegen, version)
-	}
 	if out, errOut := command(t, dir, codegen, "-generate", "types,client", "-package", "main", "-o", "client.gen.go", "openapi.json"); out+errOut != "" {
 		t.Errorf("oapi-codegen warned: %s%s", out, errOut)
 	}

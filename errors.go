@@ -1,6 +1,7 @@
-// Errors as clients see them: the code vocabulary, the Error body as an
-// error a handler returns, and writeError, the one place any error becomes
-// an answer: a status, a code and, for a storage fault, Retry-After.
+// Errors: the store's, as values (at the end of this file), the code
+// vocabulary, the Error body as an error a handler returns, and
+// writeError, the one place any error becomes an answer: a status, a code
+// and, for a storage fault, Retry-After. The store only returns them.
 
 package main
 
@@ -112,3 +113,56 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // buffers keeps answers' buffers for the next answers: a page of pets
 // is a few KiB, and making it anew each time showed in the profile.
 var buffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// The errors the store returns besides Go's own: values a caller tests
+// with errors.Is and errors.As, and writeError turns into answers.
+
+// faultKind names a cause outside the service for which the store cannot
+// store or read a pet; it says so, starting with its short name.
+type faultKind string
+
+const (
+	faultDiskFull     faultKind = "disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed"
+	faultReadOnly     faultKind = "read-only: the database file or its filesystem cannot be written"
+	faultLocked       faultKind = "database locked: another process holds the database's write lock"
+	faultNotAnswering faultKind = "database not answering"
+	faultTimedOut     faultKind = "timed out: the pet could not be committed before the write timeout, so it was not stored"
+	faultRefused      faultKind = "refused: a rule in the database file (an operator's trigger or constraint) refuses writes"
+	// The two that last until a restart:
+	faultIO      faultKind = "I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted"
+	faultDamaged faultKind = "damaged: the database file is corrupt and must be restored from a backup"
+)
+
+// storageError is a store failure whose cause is outside the service.
+type storageError struct {
+	kind faultKind
+	err  error
+}
+
+func (e *storageError) Error() string { return string(e.kind) + ": " + e.err.Error() }
+
+var (
+	// errIdempotencyKeyReused: the key already stored a different pet.
+	errIdempotencyKeyReused = errors.New("idempotency key reused for a different pet")
+	// errNotPetstore: the file is another application's, left untouched.
+	errNotPetstore = errors.New("not a petstore database")
+)
+
+// notFoundError: no pet has the id.
+type notFoundError struct{ id int64 }
+
+func (e notFoundError) Error() string { return fmt.Sprintf("no pet with id %d", e.id) }
+
+// refusedError: a rule in the file the service does not know of (an
+// operator's trigger or constraint) refused one create.
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string { return "the database refused this pet: " + e.err.Error() }
+
+// notStored is a create's context error as the reason it was not stored.
+func notStored(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &storageError{faultTimedOut, err}
+	}
+	return err
+}

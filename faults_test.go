@@ -15,7 +15,11 @@ import (
 // mount mounts what args say on a new directory, as root, until the test ends.
 func mount(t *testing.T, args ...string) string {
 	t.Helper()
-	needRoot(t)
+	if os.Geteuid() != 0 && os.Getenv("PETSTORE_TEST_ALL") == "1" {
+		t.Fatal("needs root (it mounts filesystems), and PETSTORE_TEST_ALL=1")
+	} else if os.Geteuid() != 0 {
+		t.Skip("needs root (it mounts filesystems); skipped")
+	}
 	dir := t.TempDir()
 	if out, err := exec.Command("mount", append(args, dir)...).CombinedOutput(); err != nil {
 		t.Fatalf("mount %v: %v %s", args, err, out)
@@ -68,7 +72,7 @@ func TestDiskFull(t *testing.T) {
 	svc.check(t, health, diskFull)
 	svc.check(t, call{method: "GET", path: "/v1/pets?limit=1"}, reply{200, nil, `[{"id":1,"name":"Rex","categoryId":1,"status":"available"}]`})
 	free()
-	svc.check(t, health, healthy)
+	waitFor(t, "the health check's next write", func() bool { got, _ := svc.send(t, health); return got.status == 200 }) // one a second
 	svc.check(t, aPet, reply{201, nil, fmt.Sprintf(`{"id":%d,"name":"Rex","categoryId":1,"status":"available"}`, acked+1)})
 	if !strings.Contains(svc.log.String(), `level=WARN msg="storage fault" fault="disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed: database or disk is full"`) {
 		t.Errorf("no line names the fault:\n%s", svc.log)

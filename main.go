@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // fail at once: a bad key or certificate first, a busy port before the
 // database is opened. SIGHUP reloads the keys and the certificate.
 func serve(ctx context.Context, cfg config, getenv func(string) string, log *slog.Logger) error {
-	keys, err := newKeyRing(getenv("PETSTORE_API_KEYS"), cfg.apiKeysFile, cfg.db, log)
+	keys, err := newKeyRing(getenv("PETSTORE_API_KEYS"), cfg.apiKeysFile)
 	if err != nil {
 		return err
 	}
@@ -107,6 +107,9 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 		return err
 	}
 	defer st.close()
+	if err := keys.useKeyFile(cfg.db, log); err != nil {
+		return err
+	}
 	// net/http's own limits are the front door; floods beyond them are a
 	// proxy's to turn away (docs/operations.md). A create may wait for its
 	// commit the write timeout less a margin (a quarter, from 0.25 to 2 s,

@@ -26,8 +26,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/google/go-cmp/cmp"
 )
 
 // TestRunFailures: each mistake of configuration stops the start with one
@@ -293,7 +291,7 @@ func TestWithoutCgo(t *testing.T) {
 	if err := cmd.Run(); !errors.As(err, &exit) || exit.ExitCode() != 2 {
 		t.Errorf("exit %v, want exit status 2", err)
 	}
-	if diff := cmp.Diff(needsCgo+"\n", stderr.String()); diff != "" {
-		t.Errorf("stderr (-want +got):\n%s", diff)
+	if stderr.String() != needsCgo+"\n" {
+		t.Errorf("stderr %q, want %q", stderr.String(), needsCgo+"\n")
 	}
 }

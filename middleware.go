@@ -1,8 +1,7 @@
 // What every request meets on its way to a handler, in order: the
-// answer's own headers, a request id and the access line, panic recovery
-// and CORS; then, on getPet, the deprecation headers. (A path with "//",
-// "." or ".." segments is net/http's: its mux redirects it to the clean
-// one.) Below
+// answer's own headers, a request id and the access line, panic recovery,
+// CORS and clean paths; then, on getPet, the deprecation headers. Below
+// them, the writer that keeps a stalled log from holding up a request. Below
 // them, the writer that keeps a stalled log from holding up a request.
 
 package main
@@ -16,6 +15,7 @@ import (
 	"log/slog"
 	mathrand "math/rand/v2"
 	"net/http"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -26,7 +26,7 @@ import (
 
 // withMiddleware wraps the mux in what every request meets.
 func withMiddleware(log *slog.Logger, origins []string, mux http.Handler) http.Handler {
-	return logRequests(log, recoverPanics(log, cors(log, origins, mux)))
+	return logRequests(log, recoverPanics(log, cors(log, origins, cleanPaths(log, mux))))
 }
 
 // statusRecorder remembers an answer's status for the access line.
@@ -50,8 +50,9 @@ var clientRequestID = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
 // of changing data) or sniffed, and gives it an id: the client's
 // X-Request-Id if it is 1 to 128 of A-Za-z0-9-_.: (so it cannot forge or
 // bloat a log line), else a new one. Once answered, one access line: the
-// path without the query, and the key only by the first 8 hex digits of
-// its digest, which tell keys apart and give none away.
+// path without the query, status 0 for a client that left unanswered, and
+// the key only by the first 8 hex digits of its digest, which tell keys
+// apart and give none away.
 func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start, id := time.Now(), r.Header.Get("X-Request-Id")
@@ -64,13 +65,13 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 		h.Set("X-Request-Id", id)
 		rec := &statusRecorder{ResponseWriter: w}
 		next.ServeHTTP(rec, r)
-		keyID := ""
-		if token, _ := bearerToken(r); token != "" {
+		keyID := "" // of a key let through: a wrong one may be another secret sent by mistake
+		if token, _ := bearerToken(r); token != "" && rec.status != http.StatusUnauthorized {
 			d := digestOf(token)
 			keyID = hex.EncodeToString(d[:4])
 		}
 		log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", id), slog.String("method", r.Method), slog.String("path", r.URL.Path),
-			slog.Int("status", cmp.Or(rec.status, http.StatusOK)), slog.Duration("duration", time.Since(start)), slog.String("key_id", keyID))
+			slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)), slog.String("key_id", keyID))
 	})
 }
 
@@ -115,6 +116,23 @@ func cors(log *slog.Logger, origins []string, next http.Handler) http.Handler {
 				h.Set("Access-Control-Max-Age", "600")
 			}
 			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// cleanPaths answers 404 for a path with "//", "." or ".." segments,
+// which the mux would redirect with an HTML body: every error answer of
+// this API is its JSON Error body.
+func cleanPaths(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		clean := path.Clean(r.URL.Path)
+		if strings.HasSuffix(r.URL.Path, "/") && clean != "/" {
+			clean += "/"
+		}
+		if r.URL.Path != clean { // also "*" of OPTIONS *, and CONNECT's empty path
+			writeError(w, r, log, notFound(w, r))
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -147,6 +147,8 @@ func serveIndex(w http.ResponseWriter, r *http.Request) error {
 // health answers 200 only while the service can both read and store a
 // pet, else 503 naming the failing check: for monitors and balancers.
 func (s *server) health(w http.ResponseWriter, r *http.Request) error {
+	// Its write may wait 5 s: the answer must be sent however long.
+	http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	if err := s.store.health(r.Context()); err != nil {
 		return err
 	}
@@ -165,6 +167,7 @@ func serveDocument(mediaType string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", mediaType)
 		w.Header().Set("Content-Length", strconv.Itoa(len(openapiDocument)))
+		w.WriteHeader(http.StatusOK)
 		w.Write(openapiDocument)
 		return nil
 	}
@@ -383,8 +386,10 @@ func decodeNewPet(body []byte) (NewPet, error) {
 			problems = append(problems, problem)
 		}
 	}
+	if len(problems) > 10 { // thousands of unknown fields fit in 16 KiB
+		problems = append(problems[:10], fmt.Sprintf("and %d more problems", len(problems)-10))
+	}
 	if len(problems) > 0 {
-		// A few dozen fit in 16 KiB at most, so the message stays small.
 		return NewPet{}, errors.New(strings.Join(problems, "; "))
 	}
 	return pet, nil

@@ -39,7 +39,7 @@ func setUpConnection(c *sqlite3.SQLiteConn) error {
 	if err := c.SetFileControlInt("main", sqlite3.SQLITE_FCNTL_PERSIST_WAL, 1); err != nil {
 		return err
 	}
-	_, err := c.Exec("PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 0", nil)
+	_, err := c.Exec("PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 4194304", nil)
 	return err
 }
 

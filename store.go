@@ -2,8 +2,8 @@
 // writer goroutine, which commits whatever is queued in one transaction
 // and one fsync (group commit); lists and gets are prepared SQL on a pool
 // of read connections, and SQLite's page cache is the only cache. The
-// store speaks no HTTP: it returns Go values and the typed errors at the
-// end of this file, which errors.go alone turns into answers.
+// store speaks no HTTP: it returns Go values and typed errors, which
+// errors.go defines and alone turns into answers.
 
 package main
 
@@ -90,6 +90,8 @@ type store struct {
 	loopDone chan struct{}
 
 	lasting   atomic.Pointer[storageError] // a fault that lasts until a restart
+	commits   atomic.Int64
+	probed    atomic.Pointer[probe] // the health check's last write
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -259,7 +261,7 @@ func (s *store) createPet(ctx context.Context, pet NewPet, key string, scope []b
 func (s *store) writeLoop() {
 	defer close(s.loopDone)
 	last := 0 // the size of the batch before
-	for commits := 1; ; commits++ {
+	for {
 		select {
 		case <-s.closed:
 			return
@@ -267,9 +269,7 @@ func (s *store) writeLoop() {
 			batch := s.gather([]*createRequest{c}, last)
 			last = len(batch)
 			s.commit(batch)
-		}
-		if commits%200 == 0 {
-			s.checkpoint()
+			s.committed()
 		}
 	}
 }
@@ -303,13 +303,17 @@ func (s *store) gather(batch []*createRequest, last int) []*createRequest {
 	return batch
 }
 
-// checkpoint copies the WAL's committed pages into the database file,
-// passively: a reader is never waited for, and what it holds back is
-// copied at a later one. Its I/O error is a fault that lasts (see fault):
-// nothing more is written, and the next start recovers from the -wal.
-func (s *store) checkpoint() {
-	var busy, frames, copied int
-	s.fault(s.writer.QueryRow("PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied))
+// committed counts a commit, a create's or a probe's, and every 200th
+// checkpoints the WAL's pages into the database file, passively: a reader
+// is never waited for, and what it holds back goes at a later one; the
+// -wal is then used again from its start, and cut back to 4 MiB. Its I/O
+// error is a fault that lasts (see fault). After such a fault nothing is
+// written: the next start recovers from the -wal.
+func (s *store) committed() {
+	if s.commits.Add(1)%200 == 0 && s.lasting.Load() == nil {
+		var busy, frames, copied int // what SQLite says of it: nothing to do with here
+		s.fault(s.writer.QueryRow("PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied))
+	}
 }
 
 // commit stores a batch and answers each of its creates.
@@ -394,6 +398,9 @@ func (s *store) insertPet(ctx context.Context, tx *sql.Tx, c *createRequest) (cr
 	if err != nil {
 		return createResult{}, err
 	}
+	if n, _ := res.RowsAffected(); n != 1 { // an operator's trigger's RAISE(IGNORE)
+		return createResult{err: &refusedError{errors.New("a rule of the file dropped it without a word")}}, nil
+	}
 	id, err := res.LastInsertId()
 	return createResult{pet: Pet{ID: id, NewPet: c.pet}}, err
 }
@@ -438,16 +445,26 @@ func (s *store) getPet(id int64) (Pet, error) {
 	return p, s.fault(err)
 }
 
+// probe is what a health check's write met, and when.
+type probe struct {
+	at  time.Time
+	err error
+}
+
 // health is nil while the store can both read and store a pet, and
 // otherwise the failing check, as a *storageError: it reads a page, and
 // commits a write of what a create writes (probeSQL), on the writer's
-// connection between its batches, within 5 s.
+// connection between its batches, within 5 s. A write's answer stands
+// for a second, so that a flood of checks costs one write a second.
 func (s *store) health(ctx context.Context) error {
 	if f := s.lasting.Load(); f != nil {
 		return f
 	}
 	if _, err := s.listPets("", 0, 1); err != nil {
 		return err
+	}
+	if p := s.probed.Load(); p != nil && time.Since(p.at) < time.Second {
+		return p.err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -456,12 +473,18 @@ func (s *store) health(ctx context.Context) error {
 		defer tx.Rollback()
 		if _, err = tx.ExecContext(ctx, probeSQL); err == nil {
 			err = tx.Commit()
+			s.committed()
 		}
 	}
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return &storageError{faultNotAnswering, errors.New("a write has waited on the storage for 5 s")}
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		err = &storageError{faultNotAnswering, errors.New("a write has waited on the storage for 5 s")}
+	case isConstraint(err):
+		err = &storageError{faultRefused, err}
 	}
-	return s.fault(err)
+	p := &probe{time.Now(), s.fault(err)}
+	s.probed.Store(p)
+	return p.err
 }
 
 // close stops the writer loop after the commit under way and closes the
@@ -511,31 +534,6 @@ func (s *store) fault(err error) error {
 	return se
 }
 
-// Errors: what the store returns besides Go's own, for errors.go to map.
-
-// faultKind names a cause outside the service for which the store cannot
-// store or read a pet; it says so, starting with its short name.
-type faultKind string
-
-const (
-	faultDiskFull     faultKind = "disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed"
-	faultReadOnly     faultKind = "read-only: the database file or its filesystem cannot be written"
-	faultLocked       faultKind = "database locked: another process holds the database's write lock"
-	faultNotAnswering faultKind = "database not answering"
-	faultTimedOut     faultKind = "timed out: the pet could not be committed before the write timeout, so it was not stored"
-	// The two that last until a restart:
-	faultIO      faultKind = "I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted"
-	faultDamaged faultKind = "damaged: the database file is corrupt and must be restored from a backup"
-)
-
-// storageError is a store failure whose cause is outside the service.
-type storageError struct {
-	kind faultKind
-	err  error
-}
-
-func (e *storageError) Error() string { return string(e.kind) + ": " + e.err.Error() }
-
 // classifyFault tells whether err comes from the storage, and which fault
 // it is; an error it does not know is no fault.
 func classifyFault(err error) (faultKind, bool) {
@@ -544,30 +542,4 @@ func classifyFault(err error) (faultKind, bool) {
 		return se.kind, true
 	}
 	return sqliteFault(err)
-}
-
-var (
-	// errIdempotencyKeyReused: the key already stored a different pet.
-	errIdempotencyKeyReused = errors.New("idempotency key reused for a different pet")
-	// errNotPetstore: the file is another application's, left untouched.
-	errNotPetstore = errors.New("not a petstore database")
-)
-
-// notFoundError: no pet has the id.
-type notFoundError struct{ id int64 }
-
-func (e notFoundError) Error() string { return fmt.Sprintf("no pet with id %d", e.id) }
-
-// refusedError: a rule in the file the service does not know of (an
-// operator's trigger or constraint) refused one create.
-type refusedError struct{ err error }
-
-func (e *refusedError) Error() string { return "the database refused this pet: " + e.err.Error() }
-
-// notStored is a create's context error as the reason it was not stored.
-func notStored(err error) error {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return &storageError{faultTimedOut, err}
-	}
-	return err
 }

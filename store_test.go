@@ -49,6 +49,9 @@ func TestDeployedSchemas(t *testing.T) {
 			}
 			_, err := sqlite(t, db).Exec(script + fmt.Sprintf("PRAGMA user_version = %d;", v))
 			must(t, err)
+			if _, err := runCommand("backup", "-db", db, db+".backup"); err != nil && v > 0 {
+				t.Errorf("a backup of it: %v", err)
+			}
 			svc := startService(t, nil, "-db", db)
 			if v > 0 {
 				svc.check(t, call{method: "GET", path: "/v1/pets?limit=3"}, reply{200, nil, pets})
@@ -67,7 +70,7 @@ func TestDeployedSchemas(t *testing.T) {
 			for _, e := range entries {
 				names = append(names, e.Name())
 			}
-			if diff := cmp.Diff([]string{"pets.db", "pets.db-shm", "pets.db-wal"}, names); diff != "" {
+			if diff := cmp.Diff([]string{"pets.db", "pets.db-shm", "pets.db-wal", "pets.db.backup"}[:3+min(v, 1)], names); diff != "" {
 				t.Errorf("beside the database (-want +got):\n%s", diff)
 			}
 		})
@@ -113,6 +116,11 @@ func TestOutsideTheService(t *testing.T) {
 	_, err := operator.Exec(`INSERT INTO pets (name, category_id, status) VALUES ('Outside', 1, 'sold')`)
 	must(t, err)
 	svc.check(t, call{method: "GET", path: "/v1/pets/1"}, reply{200, nil, `{"id":1,"name":"Outside","categoryId":1,"status":"sold"}`})
+	_, err = operator.Exec(`CREATE TRIGGER frozen BEFORE INSERT ON pets BEGIN SELECT RAISE(ABORT, 'catalogue frozen'); END`)
+	must(t, err)
+	svc.check(t, call{method: "GET", path: "/healthz"}, reply{503, map[string]string{"Retry-After": "1"}, errorBody(503, "unavailable", string(faultRefused))})
+	_, err = operator.Exec(`DROP TRIGGER frozen`)
+	must(t, err)
 
 	lock, err := operator.Conn(context.Background())
 	must(t, err)
@@ -154,17 +162,19 @@ func TestOutsideTheService(t *testing.T) {
 }
 
 // TestRefusedCreateSparesItsBatch: a create that a rule of the file
-// refuses (here an operator's trigger) fails alone; the creates committed
-// in the same batch are stored and answered as if it were not there.
+// refuses (here an operator's trigger), or drops unsaid, fails alone; the
+// creates committed in the same batch are stored and answered as if it
+// were not there.
 func TestRefusedCreateSparesItsBatch(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "pets.db")
 	st, err := openStore(db, newLogger(&logLines{}, "text", 0))
 	must(t, err)
 	defer st.close()
-	_, err = sqlite(t, db).Exec(`CREATE TRIGGER no_cats BEFORE INSERT ON pets WHEN NEW.name = 'Cat' BEGIN SELECT RAISE(ABORT, 'no cats here'); END`)
+	_, err = sqlite(t, db).Exec(`CREATE TRIGGER no_cats BEFORE INSERT ON pets WHEN NEW.name = 'Cat' BEGIN SELECT RAISE(ABORT, 'no cats here'); END;
+		CREATE TRIGGER no_ghosts BEFORE INSERT ON pets WHEN NEW.name = 'Ghost' BEGIN SELECT RAISE(IGNORE); END`)
 	must(t, err)
 	var batch []*createRequest
-	for _, name := range []string{"Dog", "Cat", "Dog", "Cat", "Dog"} {
+	for _, name := range []string{"Dog", "Cat", "Dog", "Ghost", "Dog"} {
 		batch = append(batch, &createRequest{ctx: context.Background(), pet: NewPet{Name: name, CategoryID: 1, Status: "available"}, done: make(chan createResult, 1)})
 	}
 	st.commit(batch)
@@ -173,7 +183,7 @@ func TestRefusedCreateSparesItsBatch(t *testing.T) {
 		r := <-c.done
 		got = append(got, fmt.Sprintf("%d %s %v", r.pet.ID, r.pet.Name, r.err))
 	}
-	want := []string{"1 Dog <nil>", "0  the database refused this pet: no cats here", "2 Dog <nil>", "0  the database refused this pet: no cats here", "3 Dog <nil>"}
+	want := []string{"1 Dog <nil>", "0  the database refused this pet: no cats here", "2 Dog <nil>", "0  the database refused this pet: a rule of the file dropped it without a word", "3 Dog <nil>"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("results (-want +got):\n%s", diff)
 	}
