@@ -28,10 +28,9 @@ func TestKeysFile(t *testing.T) {
 			t.Errorf("key %s: %d, want accepted %v", key, got.status, want)
 		}
 	}
-	accepts(plain, true)
-	accepts(hashed, true)
-	accepts(added, false)
-	accepts(testKey, false)
+	for key, want := range map[string]bool{plain: true, hashed: true, added: false, testKey: false} {
+		accepts(key, want)
+	}
 
 	hup := func(line string) {
 		t.Helper()

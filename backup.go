@@ -112,9 +112,12 @@ func restoreDatabase(ctx context.Context, from, path string) (pets int64, err er
 		return 0, fmt.Errorf("database %s: %w; stop it before restoring", path, err)
 	}
 	defer lock.Close()
-	// Another application's file is not replaced; a damaged one of
-	// petstore's, the reason to restore, is.
-	if _, err := inspect(path); errors.Is(err, errNotPetstore) {
+	// Another application's file, or one that is no SQLite file at all, is
+	// not replaced; a damaged one of petstore's, the reason to restore, is.
+	header := make([]byte, 16)
+	if n, _ := io.ReadFull(lock, header); n > 0 && string(header[:n]) != "SQLite format 3\x00" {
+		return 0, fmt.Errorf("database %s: not a SQLite database file (one of petstore's damaged in its first bytes must be removed by hand); it is left as it is", path)
+	} else if _, err := inspect(path); errors.Is(err, errNotPetstore) {
 		return 0, fmt.Errorf("database %s: %w; it is left as it is", path, err)
 	}
 	// The copy, made and checked as a backup is, beside the database.

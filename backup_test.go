@@ -48,6 +48,7 @@ func TestBackupAndRestore(t *testing.T) {
 	foreign := filepath.Join(dir, "notes.db")
 	_, err := sqlite(t, foreign).Exec("CREATE TABLE notes (body TEXT)")
 	must(t, err)
+	must(t, os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("my notes"), 0o600))
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -59,6 +60,7 @@ func TestBackupAndRestore(t *testing.T) {
 		{[]string{"restore", "-db", svc.db}, "restore: name the files as the usage says, flags first: petstore restore -from BACKUP [-db FILE]"},
 		{[]string{"restore", "-db", filepath.Join(dir, "y.db"), "-from", svc.db + "-wal"}, "restore: back up " + svc.db + "-wal: file is not a database"},
 		{[]string{"restore", "-db", foreign, "-from", first}, "restore: database " + foreign + ": not a petstore database: it holds tables petstore did not make (notes); it is left as it is"},
+		{[]string{"restore", "-db", filepath.Join(dir, "notes.txt"), "-from", first}, "restore: database " + filepath.Join(dir, "notes.txt") + ": not a SQLite database file (one of petstore's damaged in its first bytes must be removed by hand); it is left as it is"},
 	} {
 		if _, err := runCommand(tt.args...); err == nil || err.Error() != tt.want {
 			t.Errorf("%v: %v\nwant %s", tt.args, err, tt.want)

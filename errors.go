@@ -153,6 +153,16 @@ type notFoundError struct{ id int64 }
 
 func (e notFoundError) Error() string { return fmt.Sprintf("no pet with id %d", e.id) }
 
+// classifyFault tells whether err comes from the storage, and which fault
+// it is; an error it does not know is no fault.
+func classifyFault(err error) (faultKind, bool) {
+	var se *storageError
+	if errors.As(err, &se) {
+		return se.kind, true
+	}
+	return sqliteFault(err)
+}
+
 // refusedError: a rule in the file the service does not know of (an
 // operator's trigger or constraint) refused one create.
 type refusedError struct{ err error }

@@ -131,7 +131,7 @@ func cleanPaths(log *slog.Logger, next http.Handler) http.Handler {
 		if strings.HasSuffix(r.URL.Path, "/") && clean != "/" {
 			clean += "/"
 		}
-		if r.URL.Path != clean { // also "*" of OPTIONS *, and CONNECT's empty path
+		if r.URL.Path != clean { // also CONNECT's empty path
 			writeError(w, r, log, notFound(w, r))
 			return
 		}

@@ -91,7 +91,8 @@ type store struct {
 
 	lasting   atomic.Pointer[storageError] // a fault that lasts until a restart
 	commits   atomic.Int64
-	probed    atomic.Pointer[probe] // the health check's last write
+	probeMu   sync.Mutex
+	probed    probe // the health check's last write
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -365,13 +366,10 @@ func (s *store) insertBatch(batch []*createRequest, results []createResult) erro
 	return tx.Commit()
 }
 
-// probeSQL stores nothing but writes what a create writes, a longest name
-// and a key: a smaller write could fit on a disk where a create does not.
-// The row is deleted and the id sequence put back.
-const probeSQL = `INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
-		VALUES (printf('%.100c', 'p'), 1, 'available', 'petstore-probe', x'00', x'00');
-	DELETE FROM pets WHERE id = last_insert_rowid();
-	UPDATE sqlite_sequence SET seq = seq - 1 WHERE name = 'pets';`
+// probeInsert writes what a create writes, a longest name and a key: a
+// smaller write could fit on a disk where a create does not.
+const probeInsert = `INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
+	VALUES (printf('%.100c', 'p'), 1, 'available', 'petstore-probe', x'00', x'00')`
 
 // insertPet does one create in the batch's transaction. The key's lookup
 // and the insert share it, so two creates with one key, even in one
@@ -453,38 +451,56 @@ type probe struct {
 
 // health is nil while the store can both read and store a pet, and
 // otherwise the failing check, as a *storageError: it reads a page, and
-// commits a write of what a create writes (probeSQL), on the writer's
-// connection between its batches, within 5 s. A write's answer stands
-// for a second, so that a flood of checks costs one write a second.
-func (s *store) health(ctx context.Context) error {
+// writes a probe. One check writes at a time, and its answer stands for
+// a second, so that a flood of checks costs one write a second.
+func (s *store) health() error {
 	if f := s.lasting.Load(); f != nil {
 		return f
 	}
 	if _, err := s.listPets("", 0, 1); err != nil {
 		return err
 	}
-	if p := s.probed.Load(); p != nil && time.Since(p.at) < time.Second {
-		return p.err
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if time.Since(s.probed.at) >= time.Second {
+		err := s.fault(s.probe())
+		s.probed = probe{time.Now(), err}
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	return s.probed.err
+}
+
+// probe commits probeInsert, on the writer's connection between its
+// batches, within 5 s, and takes it back: it deletes its own row, and
+// puts the id sequence back unless something else moved it. It takes no
+// client's context: one client gone must not be every check's answer.
+func (s *store) probe() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err == nil {
 		defer tx.Rollback()
-		if _, err = tx.ExecContext(ctx, probeSQL); err == nil {
+		var res sql.Result
+		if res, err = tx.ExecContext(ctx, probeInsert); err == nil {
+			id, _ := res.LastInsertId()
+			if n, _ := res.RowsAffected(); n != 1 { // an operator's trigger's RAISE(IGNORE)
+				return &storageError{faultRefused, errors.New("the probe's row was dropped")}
+			}
+			if _, err = tx.ExecContext(ctx, "DELETE FROM pets WHERE id = ?", id); err == nil {
+				_, err = tx.ExecContext(ctx, "UPDATE sqlite_sequence SET seq = ?1 - 1 WHERE name = 'pets' AND seq = ?1", id)
+			}
+		}
+		if err == nil {
 			err = tx.Commit()
 			s.committed()
 		}
 	}
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		err = &storageError{faultNotAnswering, errors.New("a write has waited on the storage for 5 s")}
+		return &storageError{faultNotAnswering, errors.New("a write has waited on the storage for 5 s")}
 	case isConstraint(err):
-		err = &storageError{faultRefused, err}
+		return &storageError{faultRefused, err}
 	}
-	p := &probe{time.Now(), s.fault(err)}
-	s.probed.Store(p)
-	return p.err
+	return err
 }
 
 // close stops the writer loop after the commit under way and closes the
@@ -532,14 +548,4 @@ func (s *store) fault(err error) error {
 		s.log.Error("storage fault: creates are refused until the service is restarted; see docs/operations.md, When the storage fails", "fault", se.Error(), "db", s.path)
 	}
 	return se
-}
-
-// classifyFault tells whether err comes from the storage, and which fault
-// it is; an error it does not know is no fault.
-func classifyFault(err error) (faultKind, bool) {
-	var se *storageError
-	if errors.As(err, &se) {
-		return se.kind, true
-	}
-	return sqliteFault(err)
 }
