@@ -180,6 +180,9 @@ func (svc *service) send(t testing.TB, c call) (reply, http.Header) {
 	if c.method == "POST" {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if c.header["Transfer-Encoding"] == "chunked" {
+		req.ContentLength = -1 // of no length told, the body goes chunked
+	}
 	for k, v := range c.header {
 		req.Header.Del(k)
 		if v != "" {

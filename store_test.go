@@ -149,10 +149,7 @@ func TestOutsideTheService(t *testing.T) {
 	// lock is held, and none is stored.
 	waitFor(t, "every create behind the lock to be answered", func() bool { return len(answers) == cap(answers) })
 	lock.ExecContext(context.Background(), "ROLLBACK")
-	refusal := map[string]bool{}
-	for _, fault := range []faultKind{faultTimedOut, faultLocked} {
-		refusal[errorBody(503, "unavailable", string(fault))+"\n"] = true
-	}
+	refusal := map[string]bool{errorBody(503, "unavailable", string(faultTimedOut)) + "\n": true, errorBody(503, "unavailable", string(faultLocked)) + "\n": true}
 	for range cap(answers) {
 		if got := <-answers; got.status != 503 || got.header["Retry-After"] != "1" || !refusal[got.body] {
 			t.Errorf("a create held behind the lock: %+v; want 503 timed out or locked, with Retry-After: 1", got)
