@@ -83,6 +83,7 @@ func TestManyWrongKeys(t *testing.T) {
 			reply{401, map[string]string{"WWW-Authenticate": `Bearer realm="petstore", error="invalid_token"`}, errorBody(401, "unauthorized", "invalid API key")})
 	}
 	svc.check(t, call{method: "GET", path: "/v1/pets"}, reply{200, nil, `[]`})
+	must(t, svc.stop()) // its log written out
 	if n := strings.Count(svc.log.String(), `msg="authentication failed" client=127.0.0.1 key=invalid`); n != 50 {
 		t.Errorf("%d lines of failed authentication, want 50", n)
 	}

@@ -74,9 +74,8 @@ func TestDiskFull(t *testing.T) {
 	free()
 	waitFor(t, "the health check's next write", func() bool { got, _ := svc.send(t, health); return got.status == 200 }) // one a second
 	svc.check(t, aPet, reply{201, nil, fmt.Sprintf(`{"id":%d,"name":"Rex","categoryId":1,"status":"available"}`, acked+1)})
-	if !strings.Contains(svc.log.String(), `level=WARN msg="storage fault" fault="disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed: database or disk is full"`) {
-		t.Errorf("no line names the fault:\n%s", svc.log)
-	}
+	line := `level=WARN msg="storage fault" fault="disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed: database or disk is full"`
+	waitFor(t, "a line naming the fault", func() bool { return strings.Contains(svc.log.String(), line) })
 	must(t, svc.stop())
 	free = fill(t, dir)
 	svc = startService(t, nil, "-db", svc.db)
@@ -149,9 +148,8 @@ func TestDamagedFile(t *testing.T) {
 	svc.check(t, aPet, damaged)
 	svc.check(t, health, damaged)
 	svc.check(t, call{method: "GET", path: "/v1/pets/999999"}, reply{503, map[string]string{"Deprecation": "@1795305600"}, damaged.body})
-	if !strings.Contains(svc.log.String(), `level=ERROR msg="storage fault: creates are refused until the service is restarted`) {
-		t.Errorf("no line names the damage:\n%s", svc.log)
-	}
+	line := `level=ERROR msg="storage fault: creates are refused until the service is restarted`
+	waitFor(t, "a line naming the damage", func() bool { return strings.Contains(svc.log.String(), line) })
 }
 
 // TestIOError: ext4 on a loop device whose backing file, on a small
