@@ -111,8 +111,7 @@ func TestGeneratedTypeScriptClient(t *testing.T) {
 // TestBrowserBackOffice loads testdata/browser/office.html in headless
 // Chromium from the origin in -cors-origins: the page lists, creates and
 // is refused across origins, reading the headers CORS exposes. From
-// another origin the browser refuses the page its first call, and the
-// service logs that origin.
+// another origin the browser refuses the page its first call.
 func TestBrowserBackOffice(t *testing.T) {
 	t.Parallel()
 	chromium := needTool(t, "chromium", "apt-get install chromium")
@@ -139,7 +138,6 @@ func TestBrowserBackOffice(t *testing.T) {
 	if got := dumpDOM(t, chromium, elsewhere.URL, svc.url); got != want {
 		t.Errorf("the page on another origin shows\n%s\nwant\n%s", got, want)
 	}
-	waitFor(t, "the other origin's line in the log", func() bool { return strings.Contains(svc.log.String(), "origin="+elsewhere.URL) })
 	svc.check(t, call{method: "GET", path: "/v1/pets?after=2"}, reply{200, nil, `[]`}) // the refused page stored nothing
 }
 

@@ -83,9 +83,12 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 		w.Header().Set("Retry-After", retryAfter)
 		answer = &apiError{code, string(fault.kind), http.StatusServiceUnavailable}
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
-		// The client went away: no one to answer, nothing wrong.
+		// The client closed the connection, or only its sending half:
+		// net/http reads either as gone. Nothing is wrong, and it gets no
+		// answer at all, not the empty 200 that net/http would send for
+		// a handler that wrote nothing.
 		log.Debug("request cancelled by the client", "method", r.Method, "path", r.URL.Path, "request_id", w.Header().Get("X-Request-Id"))
-		return
+		panic(http.ErrAbortHandler)
 	default:
 		log.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err, "request_id", w.Header().Get("X-Request-Id"))
 		// All a 500 says: our fault, and the request id that finds its

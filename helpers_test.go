@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -262,6 +263,20 @@ func needTool(t testing.TB, tool, install string) string {
 		t.Skipf("needs %s (%s); skipped", tool, install)
 	}
 	return path
+}
+
+// rawRequest sends request as written on a connection of its own, closes
+// its sending half if asked, and returns all that comes back.
+func rawRequest(t testing.TB, addr, request string, closeWrite bool) string {
+	conn, err := net.Dial("tcp", addr)
+	must(t, err)
+	defer conn.Close()
+	io.WriteString(conn, request)
+	if closeWrite {
+		conn.(*net.TCPConn).CloseWrite()
+	}
+	answer, _ := io.ReadAll(conn)
+	return string(answer)
 }
 
 func must(t testing.TB, err error) {

@@ -72,6 +72,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // fail at once: a bad key or certificate first, a busy port before the
 // database is opened. SIGHUP reloads the keys and the certificate.
 func serve(ctx context.Context, cfg config, getenv func(string) string, log *slog.Logger) error {
+	// SIGHUP is taken from the start: untaken, it kills the process, and
+	// systemd may send a reload as soon as it has started it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	keys, err := newKeyRing(getenv("PETSTORE_API_KEYS"), cfg.apiKeysFile)
 	if err != nil {
 		return err
@@ -128,9 +133,6 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("listening", "addr", ln.Addr().String(), "tls", cfg.tlsCert != "", "db", cfg.db)
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	for ctx.Err() == nil {
 		select {
 		case err := <-serveErr:

@@ -1,7 +1,6 @@
 // What every request meets on its way to a handler, in order: the
 // answer's own headers, a request id and the access line, panic recovery,
 // CORS and clean paths; then, on getPet, the deprecation headers. Below
-// them, the writer that keeps a stalled log from holding up a request. Below
 // them, the writer that keeps a stalled log from holding up a request.
 
 package main
@@ -64,14 +63,16 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("X-Request-Id", id)
 		rec := &statusRecorder{ResponseWriter: w}
+		defer func() { // also for an answer aborted (http.ErrAbortHandler)
+			keyID := "" // of a key let through: a wrong one may be another secret sent by mistake
+			if token, _ := bearerToken(r); token != "" && rec.status != http.StatusUnauthorized {
+				d := digestOf(token)
+				keyID = hex.EncodeToString(d[:4])
+			}
+			log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", id), slog.String("method", r.Method), slog.String("path", r.URL.Path),
+				slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)), slog.String("key_id", keyID))
+		}()
 		next.ServeHTTP(rec, r)
-		keyID := "" // of a key let through: a wrong one may be another secret sent by mistake
-		if token, _ := bearerToken(r); token != "" && rec.status != http.StatusUnauthorized {
-			d := digestOf(token)
-			keyID = hex.EncodeToString(d[:4])
-		}
-		log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", id), slog.String("method", r.Method), slog.String("path", r.URL.Path),
-			slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)), slog.String("key_id", keyID))
 	})
 }
 
@@ -123,15 +124,17 @@ func cors(log *slog.Logger, origins []string, next http.Handler) http.Handler {
 }
 
 // cleanPaths answers 404 for a path with "//", "." or ".." segments,
-// which the mux would redirect with an HTML body: every error answer of
-// this API is its JSON Error body.
+// which the mux would redirect with an HTML body, and for one not from
+// the root (GET *), which it would answer 400 with none: every error
+// answer of this API is its JSON Error body. It names no resource, so it
+// comes before the key check.
 func cleanPaths(log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		clean := path.Clean(r.URL.Path)
 		if strings.HasSuffix(r.URL.Path, "/") && clean != "/" {
 			clean += "/"
 		}
-		if r.URL.Path != clean { // also CONNECT's empty path
+		if r.URL.Path != clean || clean[0] != '/' { // also CONNECT's empty path
 			writeError(w, r, log, notFound(w, r))
 			return
 		}
