@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,9 +137,11 @@ func TestOutsideTheService(t *testing.T) {
 // service's handler with a second to begin a create. The one the writer
 // holds waits the lock's 5 s out and fails locked; one queued meanwhile is
 // answered 503 timed out; one whose client closes its sending half gets no
-// answer, not an empty 200. None is stored.
+// answer, not an empty 200, and an access line of status 0. None is
+// stored.
 func TestHeldBehindALock(t *testing.T) {
-	db, log := filepath.Join(t.TempDir(), "pets.db"), newLogger(&logLines{}, "text", 0)
+	db, lines := filepath.Join(t.TempDir(), "pets.db"), &logLines{}
+	log := newLogger(lines, "text", 0) // written as logged, with no log writer between
 	st, err := openStore(db, log)
 	must(t, err)
 	defer st.close()
@@ -152,10 +155,14 @@ func TestHeldBehindALock(t *testing.T) {
 	_, err = lock.ExecContext(context.Background(), "BEGIN IMMEDIATE")
 	must(t, err)
 	held := &createRequest{ctx: context.Background(), pet: NewPet{Name: "Held", CategoryID: 1, Status: "available"}, done: make(chan createResult, 1)}
-	st.creates <- held // taken (the channel is unbuffered): the writer waits for the lock
+	st.creates <- held // taken (the channel is unbuffered)
+	waitFor(t, "the writer to wait for the lock", func() bool { return st.writer.Stats().InUse == 1 })
 	request := "POST /v1/pets HTTP/1.1\r\nHost: petstore\r\nAuthorization: Bearer " + testKey + "\r\nContent-Length: 30\r\n\r\n{\"name\":\"Left\",\"categoryId\":1}"
 	if answer := rawRequest(t, ts.Listener.Addr().String(), request, true); answer != "" {
 		t.Errorf("a client that closed its sending half got %q, want no answer", answer)
+	}
+	if !strings.Contains(lines.String(), `method=POST path=/v1/pets status=0`) {
+		t.Errorf("no access line of status 0 for the create not answered:\n%s", lines)
 	}
 	(&service{url: ts.URL}).check(t, call{method: "POST", path: "/v1/pets", body: `{"name":"Queued","categoryId":1}`}, reply{503, map[string]string{"Retry-After": "1"}, errorBody(503, "unavailable", string(faultTimedOut))})
 	if kind, _ := classifyFault((<-held.done).err); kind != faultLocked {
