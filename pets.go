@@ -49,6 +49,10 @@ const (
 	// and goes on the specification's date (RFC 8594).
 	getPetDeprecation = "@1795305600"
 	getPetSunset      = "Thu, 05 Dec 2030 00:00:00 GMT"
+	// takeAnswerWithin is the write deadline of an answer that may come
+	// after the write timeout (a create's, a health check's): a client
+	// that never reads it is cut off then.
+	takeAnswerWithin = 10 * time.Second
 )
 
 // server holds what the handlers share.
@@ -148,8 +152,8 @@ func serveIndex(w http.ResponseWriter, r *http.Request) error {
 // pet, else 503 naming the failing check: for monitors and balancers.
 func (s *server) health(w http.ResponseWriter, r *http.Request) error {
 	// Its probe may wait 5 s, and first for another's: the answer is sent
-	// whatever the write timeout, to a client that takes it within 10 s.
-	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(10 * time.Second))
+	// whatever the write timeout.
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(takeAnswerWithin))
 	if err := s.store.health(); err != nil {
 		return err
 	}
@@ -256,7 +260,7 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
 	rc := http.NewResponseController(w)
 	rc.SetWriteDeadline(time.Time{})
 	p, replayed, err := s.store.createPet(ctx, pet, key, idempotencyScope(r.Context()))
-	rc.SetWriteDeadline(time.Now().Add(10 * time.Second)) // a client that never reads it is cut off
+	rc.SetWriteDeadline(time.Now().Add(takeAnswerWithin))
 	if err != nil {
 		return err
 	}
