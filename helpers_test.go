@@ -251,9 +251,9 @@ func errorBody(status int, code, message string) string {
 // naming it, unless PETSTORE_TEST_ALL=1, where every tool must be there.
 func needTool(t testing.TB, tool, install string) string {
 	t.Helper()
-	gopath, _ := exec.Command("go", "env", "GOPATH").Output() // where go install puts a tool
 	path, err := exec.LookPath(tool)
 	if err != nil {
+		gopath, _ := exec.Command("go", "env", "GOPATH").Output() // where go install puts a tool
 		path, err = exec.LookPath(filepath.Join(strings.TrimSpace(string(gopath)), "bin", tool))
 	}
 	if err != nil {
