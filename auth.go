@@ -23,21 +23,22 @@ import (
 	"sync/atomic"
 )
 
-// keyDigest is the SHA-256 of an API key: a memory dump does not give the
-// key away, and every comparison is of two fixed-length values.
+// keyDigest is the SHA-256 of an API key. A memory dump does not give
+// the key away, and every comparison is of two fixed-length values.
 type keyDigest [sha256.Size]byte
 
+// digestOf is the digest of key.
 func digestOf(key string) keyDigest { return sha256.Sum256([]byte(key)) }
 
-// keyRing is the set of accepted keys and where they come from: the
+// keyRing is the set of accepted keys and where they come from, the
 // PETSTORE_API_KEYS list and a keys file, which SIGHUP reads again. The
-// set is swapped whole, so a request never sees half of one.
+// set is swapped whole, so that a request never sees half of one.
 type keyRing struct {
 	list, file string
 	digests    atomic.Pointer[[]keyDigest]
 }
 
-// newKeyRing loads the configured keys; with none, it holds none until
+// newKeyRing loads the configured keys. With none, it holds none until
 // useKeyFile.
 func newKeyRing(list, file string) (*keyRing, error) {
 	k := &keyRing{list: list, file: file}
@@ -47,11 +48,10 @@ func newKeyRing(list, file string) (*keyRing, error) {
 	return k, k.reload()
 }
 
-// useKeyFile, with no key configured, serves the key in the file DB.key
-// beside the database, which the first start writes (mode 0600), once the
-// database opened, so that a refused start leaves none: a key shown on
-// stderr would be kept by journald or a log file, so the log names only
-// the file. It is read as a keys file.
+// useKeyFile creates DB.key with a random key if no key is configured
+// and the file does not exist, and loads it as a keys file. It runs once
+// the database is open, so that a refused start leaves no key. Only the
+// file's name is logged.
 func (k *keyRing) useKeyFile(db string, log *slog.Logger) error {
 	if k.list != "" || k.file != "" {
 		return nil
@@ -70,57 +70,57 @@ func (k *keyRing) useKeyFile(db string, log *slog.Logger) error {
 	return k.reload()
 }
 
-// reload reads the keys again; what does not load changes nothing. Errors
-// name the entry or the line, never the key.
+// reload reads the keys again. What does not load changes nothing.
+// Errors name the entry or the line, never the key.
 func (k *keyRing) reload() error {
-	var digests []keyDigest
-	for i, entry := range strings.Split(k.list, ",") {
-		if entry = strings.TrimSpace(entry); entry != "" {
-			d, problem := parseKey(entry)
-			if problem != "" {
-				return fmt.Errorf("PETSTORE_API_KEYS: API key number %d %s", i+1, problem)
-			}
-			digests = append(digests, d)
+	digests, err := parseKeys(k.list, ",", "PETSTORE_API_KEYS: key")
+	if err == nil && k.file != "" {
+		data, readErr := os.ReadFile(k.file)
+		if readErr != nil {
+			return fmt.Errorf("API keys file: %w", readErr)
 		}
+		fromFile, parseErr := parseKeys(string(data), "\n", "API keys file "+k.file+": line")
+		if err = parseErr; err == nil && len(fromFile) == 0 {
+			// All comments, or emptied by a > typed for >>, would lock
+			// every client out.
+			err = fmt.Errorf("API keys file %s holds no key", k.file)
+		}
+		digests = append(digests, fromFile...)
 	}
-	if k.file != "" {
-		data, err := os.ReadFile(k.file)
-		if err != nil {
-			return fmt.Errorf("API keys file: %w", err)
-		}
-		fromList := len(digests)
-		// One key a line; blank lines and # comments (a whole line, or
-		// after the key and a space) are skipped.
-		for n, line := range strings.Split(string(data), "\n") {
-			fields := strings.Fields(line)
-			if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
-				continue
-			}
-			d, problem := parseKey(fields[0])
-			if len(fields) > 1 && !strings.HasPrefix(fields[1], "#") {
-				problem = "holds more than one word; write one key a line, comments after #"
-			}
-			if problem != "" {
-				return fmt.Errorf("API keys file %s: line %d: the key %s", k.file, n+1, problem)
-			}
-			digests = append(digests, d)
-		}
-		if len(digests) == fromList {
-			// All comments, or emptied by a > typed for >>: that would
-			// lock every client out.
-			return fmt.Errorf("API keys file %s holds no key", k.file)
-		}
+	if err == nil && len(digests) == 0 {
+		err = errors.New("PETSTORE_API_KEYS holds no key") // " , " says there are keys, and gives none
 	}
-	if len(digests) == 0 { // " , " says there are keys, and gives none
-		return errors.New("PETSTORE_API_KEYS holds no key")
+	if err == nil {
+		k.digests.Store(&digests)
 	}
-	k.digests.Store(&digests)
-	return nil
+	return err
 }
 
-// accepts compares d with every digest, without stopping at a match, in
-// constant time: the time says nothing of which byte differs or which key
-// matched.
+// parseKeys reads the keys in text, one per entry between seps. Blank
+// entries and # comments, a whole entry or after the key, are skipped.
+// where names the source in an error, before the entry's number.
+func parseKeys(text, sep, where string) ([]keyDigest, error) {
+	var digests []keyDigest
+	for n, entry := range strings.Split(text, sep) {
+		fields := strings.Fields(entry)
+		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
+			continue
+		}
+		d, problem := parseKey(fields[0])
+		if len(fields) > 1 && !strings.HasPrefix(fields[1], "#") {
+			problem = "holds more than one word; write one key per entry, comments after #"
+		}
+		if problem != "" {
+			return nil, fmt.Errorf("%s %d: the key %s", where, n+1, problem)
+		}
+		digests = append(digests, d)
+	}
+	return digests, nil
+}
+
+// accepts compares d with every digest in constant time, without
+// stopping at a match, so that the time says nothing of which byte
+// differs or which key matched.
 func (k *keyRing) accepts(d keyDigest) bool {
 	match := 0
 	for _, want := range *k.digests.Load() {
@@ -129,15 +129,15 @@ func (k *keyRing) accepts(d keyDigest) bool {
 	return match == 1
 }
 
-// minKeyLength: 20 printable characters are over 130 bits even chosen at
-// random, and a short one typed by hand ("secret") falls to guessing.
+// minKeyLength is the shortest key accepted. A short key typed by hand,
+// such as "secret", falls to guessing.
 const minKeyLength = 20
 
 // parseKey reads one configured key: the key, or sha256:<hex digest>,
-// which a keys file holds so that it gives no key away. problem says what
-// is wrong, or is "".
+// which a keys file holds so that it gives no key away. problem says
+// what is wrong, or is "".
 func parseKey(entry string) (d keyDigest, problem string) {
-	if len(entry) > 7 && strings.EqualFold(entry[:7], "sha256:") { // in any case: else a digest line would be a key
+	if len(entry) > 7 && strings.EqualFold(entry[:7], "sha256:") { // in any case, or a digest line would be a key
 		b, err := hex.DecodeString(entry[7:])
 		if err != nil || len(b) != sha256.Size {
 			return d, "is not sha256: followed by the 64 hex digits of the key's SHA-256 digest"
@@ -153,8 +153,8 @@ func parseKey(entry string) (d keyDigest, problem string) {
 	return digestOf(entry), ""
 }
 
-// isToken reports whether s is non-empty printable ASCII without spaces:
-// what a bearer credential can hold on the wire.
+// isToken reports whether s is non-empty printable ASCII without spaces,
+// which is what a bearer credential can hold.
 func isToken(s string) bool { return s != "" && !strings.Contains(s, " ") && isPrintable(s) }
 
 // isPrintable reports whether s is printable ASCII, spaces included.
@@ -162,17 +162,17 @@ func isPrintable(s string) bool {
 	return !strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r > '~' })
 }
 
-// generateKey returns a new random 256-bit key, URL-safe base64, which
+// generateKey returns a new random 256-bit key in URL-safe base64, which
 // pastes into a shell and a header unquoted.
 func generateKey() string {
 	b := make([]byte, 32)
-	rand.Read(b) // never fails since Go 1.24: it crashes the program instead
+	rand.Read(b) // it never returns an error
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
 // bearerToken is the credential of "Authorization: Bearer <key>", the
-// scheme in any case (RFC 9110, 11.1). Both are "" with no header;
-// malformed says what is wrong with one that is not a single credential.
+// scheme in any case. Both are "" with no header. malformed says what is
+// wrong with a header that is not a single credential.
 func bearerToken(r *http.Request) (token, malformed string) {
 	values := r.Header.Values("Authorization")
 	switch {
@@ -188,10 +188,11 @@ func bearerToken(r *http.Request) (token, malformed string) {
 	return cred, ""
 }
 
-// requireAPIKey lets a request with a valid key through to next, with the
-// key's digest in its context (apiKeyKey). Any other is answered 401 with
-// a WWW-Authenticate challenge (RFC 6750), and one WARN line names the
-// client's address, for fail2ban and the like; never the key.
+// requireAPIKey lets a request with a valid key through to next, and
+// notes the key's digest in the request's caller. Any other request is
+// answered 401 with a WWW-Authenticate challenge, and one WARN line names
+// the client's address, for fail2ban and the like. The key is never
+// logged.
 func requireAPIKey(keys *keyRing, log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, malformed := bearerToken(r)
@@ -201,7 +202,10 @@ func requireAPIKey(keys *keyRing, log *slog.Logger, next http.Handler) http.Hand
 			why, msg = "malformed", malformed
 		case token != "":
 			if d := digestOf(token); keys.accepts(d) {
-				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), apiKeyKey{}, d)))
+				if who, ok := r.Context().Value(callerKey{}).(*caller); ok {
+					who.key, who.accepted = d, true
+				}
+				next.ServeHTTP(w, r)
 				return
 			}
 			why, msg, challenge = "invalid", "invalid API key", `Bearer realm="petstore", error="invalid_token"`
@@ -213,21 +217,31 @@ func requireAPIKey(keys *keyRing, log *slog.Logger, next http.Handler) http.Hand
 	})
 }
 
-// apiKeyKey holds, in a request's context, the digest of the valid key it
-// came with: all a handler learns of its caller.
-type apiKeyKey struct{}
+// caller is what a request learns of its client: the digest of the key
+// it was accepted with. logRequests puts one in every request's context,
+// and requireAPIKey fills it in.
+type caller struct {
+	key      keyDigest
+	accepted bool
+}
+
+// callerKey is the context key of a request's *caller.
+type callerKey struct{}
 
 // idempotencyScope is what an Idempotency-Key is stored with, so that it
-// belongs to the API key that sent it: a digest derived from the key's,
-// for this use only, which no keys-file line would match.
+// belongs to the API key that sent it. It is a digest derived from the
+// key's, for this use only, which no keys-file line would match.
 func idempotencyScope(ctx context.Context) []byte {
-	d, _ := ctx.Value(apiKeyKey{}).(keyDigest)
+	var d keyDigest
+	if who, ok := ctx.Value(callerKey{}).(*caller); ok {
+		d = who.key
+	}
 	sum := sha256.Sum256(append([]byte("petstore idempotency scope\x00"), d[:]...))
 	return sum[:16]
 }
 
-// runKeygen is "petstore keygen": a new key for a client, and the keys
-// file line that accepts it without holding the key.
+// runKeygen is "petstore keygen". It prints a new key for a client, and
+// the keys-file line that accepts it without holding the key.
 func runKeygen(args []string, stdout io.Writer) error {
 	if len(args) > 1 {
 		fmt.Fprintln(stdout, "Usage: petstore keygen\n\nPrints a new API key, and the sha256: line for the keys file that accepts it.")

@@ -55,9 +55,9 @@ func TestKeysFile(t *testing.T) {
 func TestKeysRefused(t *testing.T) {
 	dir := t.TempDir()
 	for _, tt := range []struct{ keys, file, want string }{
-		{"short-key", "", "PETSTORE_API_KEYS: API key number 1 is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
-		{testKey + ", with space-in-it-0123456789", "", "PETSTORE_API_KEYS: API key number 2 has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
-		{"", "two words-0123456789abcdef\n", "API keys file DIR/keys: line 1: the key holds more than one word; write one key a line, comments after #"},
+		{"short-key", "", "PETSTORE_API_KEYS: key 1: the key is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
+		{testKey + ", key-with-\x7f-0123456789", "", "PETSTORE_API_KEYS: key 2: the key has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
+		{"", "two words-0123456789abcdef\n", "API keys file DIR/keys: line 1: the key holds more than one word; write one key per entry, comments after #"},
 		{"", "sha256:abcd\n", "API keys file DIR/keys: line 1: the key is not sha256: followed by the 64 hex digits of the key's SHA-256 digest"},
 		{"", "# nothing\n", "API keys file DIR/keys holds no key"},
 		{" , ", "", "PETSTORE_API_KEYS holds no key"},

@@ -1,7 +1,7 @@
-// The backup and restore commands: a consistent copy of the live
-// database, written with VACUUM INTO and checked before it is called a
-// backup, and its put-back while no service holds the file. Scheduling
-// snapshots and pruning old ones is the timer's (petstore-backup.service).
+// The backup and restore commands. A backup is a consistent copy of the
+// live database, written with VACUUM INTO and checked before it gets its
+// name. A restore puts one back while no service holds the file.
+// Scheduling and pruning snapshots is the timer's (petstore-backup.service).
 
 package main
 
@@ -9,37 +9,42 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // runBackupCommand is "petstore backup [-db FILE] BACKUP-FILE" and
-// "petstore restore -from BACKUP [-db FILE]".
+// "petstore restore -from BACKUP [-db FILE] [-last-id N]".
 func runBackupCommand(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	usage := map[string]string{
 		"backup":  "petstore backup [-db FILE] BACKUP-FILE\n\nWrites a consistent, checked copy of the database, also while the service runs.",
-		"restore": "petstore restore -from BACKUP [-db FILE]\n\nReplaces the database with a checked backup, while no service holds it.",
+		"restore": "petstore restore -from BACKUP [-db FILE] [-last-id N]\n\nReplaces the database with a checked backup, while no service holds it.",
 	}[args[0]]
-	fs := newFlagSet()
-	var db string
-	envFlag(fs, getenv, &db, "db", "petstore.db", "SQLite database `file`")
-	from := fs.String("from", "", "restore: the backup `file` to put back, as petstore backup wrote it")
-	if err := parseArgs(fs, args[1:], stdout, usage); err != nil {
+	fs := flag.NewFlagSet("petstore "+args[0], flag.ContinueOnError)
+	db := fs.String("db", "petstore.db", "SQLite database `file`")
+	var from string
+	var lastID int64
+	err := parseArgs(fs, args[1:], getenv, stdout, usage, func() {
+		fs.StringVar(&from, "from", "", "restore: the backup `file` to put back, as petstore backup wrote it")
+		fs.Int64Var(&lastID, "last-id", -1, "restore: the highest `id` the replaced file held or gave out, when it cannot be read from it")
+	})
+	if err != nil {
 		return err
 	}
 	var pets int64
-	var err error
 	var done string
 	switch {
-	case args[0] == "backup" && fs.NArg() == 1 && *from == "":
-		pets, err = backupDatabase(ctx, db, fs.Arg(0))
-		done = "backed up " + db + " to " + fs.Arg(0)
-	case args[0] == "restore" && fs.NArg() == 0 && *from != "":
-		pets, err = restoreDatabase(ctx, *from, db)
-		done = "restored " + *from + " to " + db
+	case args[0] == "backup" && fs.NArg() == 1 && from == "":
+		pets, err = backupDatabase(ctx, *db, fs.Arg(0))
+		done = "backed up " + *db + " to " + fs.Arg(0)
+	case args[0] == "restore" && fs.NArg() == 0 && from != "":
+		pets, err = restoreDatabase(ctx, from, *db, lastID)
+		done = "restored " + from + " to " + *db
 	default:
 		return fmt.Errorf("%s: name the files as the usage says, flags first: %s", args[0], strings.Split(usage, "\n")[0])
 	}
@@ -50,20 +55,15 @@ func runBackupCommand(ctx context.Context, args []string, getenv func(string) st
 	return nil
 }
 
-// backupDatabase writes a consistent copy of src to dst while a service
-// may be writing to src: VACUUM INTO reads one snapshot, so it neither
+// backupDatabase writes a consistent copy of src to dst, also while a
+// service writes to src. VACUUM INTO reads one snapshot, so it neither
 // blocks the writer nor copies half a commit, and the copy has no -wal.
-// It is written beside dst, checked and fsynced, and only then linked to
-// dst, which must not exist, so no half copy ever passes for a backup.
+// The copy is written beside dst, checked and fsynced, and only then
+// linked to dst, which must not exist, so that no half copy ever passes
+// for a backup.
 func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("%s already exists; a backup never overwrites a file", dst)
-	}
-	// Another application's file is refused with nothing written to it.
-	if _, err := inspect(src); errors.Is(err, errNotPetstore) {
-		return 0, fmt.Errorf("back up %s: %w; use another -db file", src, err)
-	} else if err != nil {
-		return 0, fmt.Errorf("back up %s: %w", src, err)
 	}
 	tmp, err := vacuumInto(ctx, src, dst)
 	if err != nil {
@@ -73,7 +73,7 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 	if pets, err = checkBackup(ctx, tmp); err != nil {
 		return 0, err
 	}
-	// A link, unlike a rename, does not replace a file made at dst meanwhile.
+	// A link, unlike a rename, does not replace a file made at dst since.
 	if err := os.Link(tmp, dst); err != nil {
 		return 0, fmt.Errorf("backup file: %w", err)
 	}
@@ -81,12 +81,12 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 }
 
 // checkBackup checks that the copy at path is a whole petstore file, of
-// any schema it has deployed, and counts its pets.
+// any schema petstore has deployed, and counts its pets.
 func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 	if _, err := inspect(path); err != nil {
 		return 0, fmt.Errorf("check backup: %w", err)
 	}
-	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path)) // Open fails only for an unknown driver
+	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
 	defer db.Close()
 	var check string
 	if err := db.QueryRowContext(ctx, "SELECT integrity_check, (SELECT count(*) FROM pets) FROM pragma_integrity_check").Scan(&check, &pets); err != nil {
@@ -98,49 +98,57 @@ func checkBackup(ctx context.Context, path string) (pets int64, err error) {
 }
 
 // restoreDatabase replaces the database at path with the backup at from.
-// Copying over a live database corrupts it (SQLite would lay the old
-// -wal's pages over the new file), so it takes the service's lock, or
-// refuses while a service holds it. It writes a copy beside path, whose
-// id sequence it raises to the highest id the file it replaces holds or
-// gave out, so that no id a client was given is handed out again; then
-// it removes the old -wal and -shm (a stopped service leaves them empty:
-// another file's pages must never be laid over the copy) and renames the
-// copy over path.
-func restoreDatabase(ctx context.Context, from, path string) (pets int64, err error) {
+// It takes the service's lock, or refuses while a service holds the file,
+// because a copy laid over a live database is corrupted by its -wal. It
+// writes a checked copy beside path and raises the copy's id sequence to
+// the highest id that the file it replaces holds or gave out, so that no
+// id a client was given is handed out again. When that id cannot be
+// read, it refuses unless lastID (not -1) gives it. It gives the copy the
+// owner, group and mode of the file it replaces, removes the old -wal and
+// -shm, and renames the copy over path.
+func restoreDatabase(ctx context.Context, from, path string, lastID int64) (pets int64, err error) {
 	lock, err := lockFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("database %s: %w; stop it before restoring", path, err)
 	}
 	defer lock.Close()
-	// Another application's file, or one that is no SQLite file at all, is
-	// not replaced; a damaged one of petstore's, the reason to restore, is.
+	info, err := lock.Stat()
+	if err != nil {
+		return 0, err
+	}
+	// Another application's file, or one that is no SQLite file at all,
+	// is not replaced. A damaged one of petstore's, the reason to
+	// restore, is.
 	header := make([]byte, 16)
 	if n, _ := io.ReadFull(lock, header); n > 0 && string(header[:n]) != "SQLite format 3\x00" {
 		return 0, fmt.Errorf("database %s: not a SQLite database file (one of petstore's damaged in its first bytes must be removed by hand); it is left as it is", path)
 	} else if _, err := inspect(path); errors.Is(err, errNotPetstore) {
 		return 0, fmt.Errorf("database %s: %w; it is left as it is", path, err)
 	}
-	// The copy, made and checked as a backup is, beside the database.
+	top, err := highestID(ctx, path, info.Size())
+	if err != nil && lastID < 0 {
+		return 0, fmt.Errorf("database %s: the highest id it holds or gave out cannot be read (%v), so a restore could give a client's id to another pet; it is left as it is. "+
+			"Find that id (sqlite3 %s .recover, or your clients' records) and run restore again with -last-id ID", path, err, path)
+	}
+	top = max(top, lastID)
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".restoring")
 	os.Remove(tmp) // one left by a restore that was stopped
 	defer os.Remove(tmp)
 	if pets, err = backupDatabase(ctx, from, tmp); err != nil {
 		return 0, err
 	}
-	// The highest id the file replaced holds or gave out, each as far as
-	// it can be read: the sequence may survive a damaged table.
-	old, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
-	var top, seq int64
-	old.QueryRowContext(ctx, "SELECT max(id) FROM pets").Scan(&top)
-	old.QueryRowContext(ctx, "SELECT seq FROM sqlite_sequence WHERE name = 'pets'").Scan(&seq)
-	old.Close()
-	top = max(top, seq)
 	copied, _ := sql.Open(sqliteDriver, fileURI(tmp)+"?_synchronous=FULL")
 	_, err = copied.ExecContext(ctx, `INSERT INTO sqlite_sequence (name, seq) SELECT 'pets', 0 WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'pets');
 		UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'pets';`, top)
 	if err = errors.Join(err, copied.Close()); err != nil {
 		return 0, fmt.Errorf("raise the copy's id sequence: %w", err)
 	}
+	owner := info.Sys().(*syscall.Stat_t)
+	if err := errors.Join(os.Chown(tmp, int(owner.Uid), int(owner.Gid)), os.Chmod(tmp, info.Mode().Perm())); err != nil {
+		return 0, fmt.Errorf("give the copy the owner and mode of %s: %w", path, err)
+	}
+	// A stopped service leaves the -wal empty, and another file's pages
+	// must never be laid over the copy.
 	for _, companion := range []string{path + "-wal", path + "-shm"} {
 		if err := os.Remove(companion); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return 0, err
@@ -152,11 +160,22 @@ func restoreDatabase(ctx context.Context, from, path string) (pets int64, err er
 	return pets, syncPath(filepath.Dir(path))
 }
 
-// vacuumInto writes a consistent, self-contained copy of the database at
-// src to a new file beside dst, private to the user, and fsyncs it and
-// its directory; it returns its path. A copy that fails is removed. src
-// is read without the service's DSN, which would make another
-// application's file WAL.
+// highestID reads the highest id that the file at path, of size bytes,
+// holds or gave out. An empty file has given out none.
+func highestID(ctx context.Context, path string, size int64) (int64, error) {
+	if size == 0 {
+		return 0, nil
+	}
+	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
+	defer db.Close()
+	var top int64
+	err := db.QueryRowContext(ctx, `SELECT max(coalesce((SELECT max(id) FROM pets), 0), coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))`).Scan(&top)
+	return top, err
+}
+
+// vacuumInto writes a copy of the database at src to a new file beside
+// dst, private to the user, fsyncs it and its directory, and returns its
+// path. A copy that fails is removed.
 func vacuumInto(ctx context.Context, src, dst string) (string, error) {
 	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
 	if err != nil {
@@ -175,8 +194,8 @@ func vacuumInto(ctx context.Context, src, dst string) (string, error) {
 	return f.Name(), err
 }
 
-// syncPath fsyncs a file or a directory, so what was written to it, or a
-// name added to it, is on stable storage.
+// syncPath fsyncs a file or a directory, so that what was written to it,
+// or a name added to it, is on stable storage.
 func syncPath(path string) error {
 	f, err := os.Open(path)
 	if err != nil {

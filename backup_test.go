@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -57,7 +59,7 @@ func TestBackupAndRestore(t *testing.T) {
 		{[]string{"backup", "-db", svc.db}, "backup: name the files as the usage says, flags first: petstore backup [-db FILE] BACKUP-FILE"},
 		{[]string{"backup", "-db", "testdata/schemas/1.sql", filepath.Join(dir, "x.db")}, "backup: back up testdata/schemas/1.sql: file is not a database"},
 		{[]string{"restore", "-db", svc.db, "-from", first}, "restore: database " + svc.db + ": it is in use by another petstore process; run one service per database file; stop it before restoring"},
-		{[]string{"restore", "-db", svc.db}, "restore: name the files as the usage says, flags first: petstore restore -from BACKUP [-db FILE]"},
+		{[]string{"restore", "-db", svc.db}, "restore: name the files as the usage says, flags first: petstore restore -from BACKUP [-db FILE] [-last-id N]"},
 		{[]string{"restore", "-db", filepath.Join(dir, "y.db"), "-from", svc.db + "-wal"}, "restore: back up " + svc.db + "-wal: file is not a database"},
 		{[]string{"restore", "-db", foreign, "-from", first}, "restore: database " + foreign + ": not a petstore database: it holds tables petstore did not make (notes); it is left as it is"},
 		{[]string{"restore", "-db", filepath.Join(dir, "notes.txt"), "-from", first}, "restore: database " + filepath.Join(dir, "notes.txt") + ": not a SQLite database file (one of petstore's damaged in its first bytes must be removed by hand); it is left as it is"},
@@ -67,18 +69,41 @@ func TestBackupAndRestore(t *testing.T) {
 		}
 	}
 	// Put the first backup back, where 301 pets had been stored, over a
-	// file whose table is damaged: its sequence still says 301.
+	// file whose table is damaged. Its highest id cannot be read, so the
+	// restore refuses and leaves the file as it was, unless given it.
 	must(t, svc.stop())
+	must(t, os.Remove(svc.db+"-wal")) // checkpointed at the stop: it holds nothing the file lacks
 	f, err := os.OpenFile(svc.db, os.O_WRONLY, 0)
 	must(t, err)
 	f.WriteAt(make([]byte, 4096), 4096) // page 2, the table's root
 	f.Close()
-	if out, err := runCommand("restore", "-db", svc.db, "-from", first); err != nil || out != fmt.Sprintf("restored %s to %s: 1 pets, integrity ok\n", first, svc.db) {
+	if os.Geteuid() == 0 { // owned by another user, as under systemd's DynamicUser
+		must(t, os.Chown(svc.db, 4242, 4343))
+	}
+	must(t, os.Chmod(svc.db, 0o640))
+	before, _ := os.ReadFile(svc.db)
+	infoBefore, _ := os.Stat(svc.db)
+	if _, err := runCommand("restore", "-db", svc.db, "-from", first); err == nil || !strings.Contains(err.Error(), "the highest id it holds or gave out cannot be read") ||
+		!strings.HasSuffix(err.Error(), "run restore again with -last-id ID") {
+		t.Errorf("a restore over a file whose highest id cannot be read: %v", err)
+	}
+	if after, _ := os.ReadFile(svc.db); !bytes.Equal(before, after) {
+		t.Error("a refused restore changed the file")
+	}
+	if out, err := runCommand("restore", "-db", svc.db, "-from", first, "-last-id", "301"); err != nil || out != fmt.Sprintf("restored %s to %s: 1 pets, integrity ok\n", first, svc.db) {
 		t.Fatalf("restore: %v %q", err, out)
+	}
+	infoAfter, _ := os.Stat(svc.db)
+	owner := func(i os.FileInfo) string {
+		st := i.Sys().(*syscall.Stat_t)
+		return fmt.Sprintf("%d:%d %v", st.Uid, st.Gid, i.Mode())
+	}
+	if owner(infoAfter) != owner(infoBefore) {
+		t.Errorf("the restored file is %s, the one it replaced was %s", owner(infoAfter), owner(infoBefore))
 	}
 	svc = startService(t, nil, "-db", svc.db)
 	svc.check(t, call{method: "GET", path: "/v1/pets"}, reply{200, nil, `[{"id":1,"name":"Rex","categoryId":1,"status":"available"}]`})
-	svc.check(t, call{method: "POST", path: "/v1/pets", body: `{"name":"Tom","categoryId":2}`}, reply{201, map[string]string{"Location": "/v1/pets/302"},
+	svc.check(t, call{method: "POST", path: "/v1/pets", body: `{"name":"Tom","categoryId":2}`}, reply{201, map[string]string{"Location": "pets/302"},
 		`{"id":302,"name":"Tom","categoryId":2,"status":"available"}`})
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {

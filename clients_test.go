@@ -28,7 +28,7 @@ const oapiCodegen = "github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2
 // catalogue: they create Rex and three sold pets, page through the sold
 // ones two at a time by Link, get Rex (deprecated), and get a 400, a 404
 // and a 401, typed as the Error body. Messages are compared as "…".
-const wantClientRun = `{"created":{"id":1,"name":"Rex","categoryId":1,"status":"available"},"location":"/v1/pets/1",
+const wantClientRun = `{"created":{"id":1,"name":"Rex","categoryId":1,"status":"available"},"location":"pets/1",
 	"soldPages":[[2,3],[4]],"got":{"id":1,"name":"Rex","categoryId":1,"status":"available"},"sunset":"Thu, 05 Dec 2030 00:00:00 GMT",
 	"badRequest":{"code":"invalid_body","message":"…","status":400},"notFound":{"code":"not_found","message":"…","status":404},
 	"unauthorized":{"code":"unauthorized","message":"…","status":401},"challenge":"Bearer realm=\"petstore\""}`
@@ -120,7 +120,7 @@ func TestBrowserBackOffice(t *testing.T) {
 	createPets(t, svc, `{"name":"Rex","categoryId":1}`)
 	want := `<main>
 <p id="before">listed 200: Rex</p>
-<p id="created">created 201: Nala at /v1/pets/2, request office-create-1</p>
+<p id="created">created 201: Nala at pets/2, request office-create-1</p>
 <p id="refused">refused 400: invalid_body</p>
 <ul id="pets"><li>1 Rex (available)</li><li>2 Nala (pending)</li></ul>
 <p id="error"></p>

@@ -1,7 +1,5 @@
-// Errors: the store's, as values (at the end of this file), the code
-// vocabulary, the Error body as an error a handler returns, and
-// writeError, the one place any error becomes an answer: a status, a code
-// and, for a storage fault, Retry-After. The store only returns them.
+// Errors: the code vocabulary, the Error body, the store's errors as
+// values, and writeError, the one place where an error becomes an answer.
 
 package main
 
@@ -14,11 +12,10 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"sync"
 )
 
-// The Error body's code is one of a closed vocabulary, which README.md
-// lists and clients may switch on; each is written where it is made:
+// The Error body's code is one of this closed vocabulary, which README.md
+// lists and clients may switch on:
 //
 //	invalid_body, invalid_parameter        400
 //	unauthorized                           401
@@ -30,11 +27,10 @@ import (
 //	refused_by_database                    422
 //	internal_error                         500
 //	not_implemented                        501
-//	unavailable, storage_failed,
-//	storage_damaged                        503
+//	unavailable                            503
 
-// apiError is the specification's Error body, and the error a handler
-// returns to be answered with it.
+// apiError is the specification's Error body. A handler returns one to
+// be answered with it.
 type apiError struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
@@ -43,19 +39,17 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Message }
 
-// errorf makes an apiError, its message formatted.
+// errorf makes an apiError with a formatted message.
 func errorf(status int, code, format string, args ...any) error {
 	return &apiError{Code: code, Message: fmt.Sprintf(format, args...), Status: status}
 }
 
-// writeError answers err; every non-2xx answer of the service is made
-// here. A storage fault is a 503 that names its cause, with Retry-After
-// (the store logs it once, not here per request); a lock passes in a
-// moment, a fault that lasts waits for an operator and has a code of its
-// own, so a client retrying on "unavailable" learns that waiting alone
-// will not end it. An unknown error is a 500 whose cause goes to the log
-// only: it may hold internals.
+// writeError answers err. Every error answer of the service is made here.
+// A storage fault is a 503 that names its cause, with Retry-After, and a
+// WARN line per request. An unknown error is a 500 whose cause goes to
+// the log only, because it may hold internals.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	id := w.Header().Get("X-Request-Id")
 	var answer *apiError
 	var fault *storageError
 	var refused *refusedError
@@ -68,72 +62,54 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	case errors.As(err, &refused):
 		answer = &apiError{"refused_by_database", refused.Error(), http.StatusUnprocessableEntity}
 	case errors.As(err, &fault):
-		// Each refusal is a line, the cause's own words: journald limits a
-		// flood of them.
-		log.Warn("storage fault", "fault", fault.Error(), "method", r.Method, "path", r.URL.Path, "request_id", w.Header().Get("X-Request-Id"))
-		code, retryAfter := "unavailable", "1"
-		switch fault.kind {
-		case faultDiskFull, faultReadOnly:
+		log.Warn("storage fault", "fault", fault.Error(), "method", r.Method, "path", r.URL.Path, "request_id", id)
+		retryAfter := "1"
+		if fault.kind == faultDiskFull || fault.kind == faultReadOnly {
 			retryAfter = "5"
-		case faultIO:
-			code, retryAfter = "storage_failed", "60"
-		case faultDamaged:
-			code, retryAfter = "storage_damaged", "60"
 		}
 		w.Header().Set("Retry-After", retryAfter)
-		answer = &apiError{code, string(fault.kind), http.StatusServiceUnavailable}
+		answer = &apiError{"unavailable", string(fault.kind), http.StatusServiceUnavailable}
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
-		// The client closed the connection, or only its sending half:
-		// net/http reads either as gone. Nothing is wrong, and it gets no
-		// answer at all, not the empty 200 that net/http would send for
-		// a handler that wrote nothing.
-		log.Debug("request cancelled by the client", "method", r.Method, "path", r.URL.Path, "request_id", w.Header().Get("X-Request-Id"))
+		// The client closed its connection, or only its sending half. It
+		// gets no answer, not the empty 200 that net/http would send.
 		panic(http.ErrAbortHandler)
 	default:
-		log.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err, "request_id", w.Header().Get("X-Request-Id"))
-		// All a 500 says: our fault, and the request id that finds its
-		// cause in the log.
-		answer = &apiError{"internal_error", "internal error (request id " + w.Header().Get("X-Request-Id") + ")", http.StatusInternalServerError}
+		log.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err, "request_id", id)
+		answer = &apiError{"internal_error", "internal error (request id " + id + ")", http.StatusInternalServerError}
 	}
 	writeJSON(w, answer.Status, answer)
 }
 
-// writeJSON answers v as JSON and a newline. HTML escaping is off: the
-// body is application/json with nosniff, never HTML, and "<" reads as "<".
+// writeJSON answers v as JSON and a newline. HTML escaping is off, so
+// that a name reads as it was sent, because the body is never read as
+// HTML (nosniff).
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	body := buffers.Get().(*bytes.Buffer)
-	defer buffers.Put(body)
-	body.Reset()
-	enc := json.NewEncoder(body)
+	var body bytes.Buffer
+	enc := json.NewEncoder(&body)
 	enc.SetEscapeHTML(false)
-	enc.Encode(v) // the service's own types of strings and ints: it cannot fail
+	enc.Encode(v) // the service's own types: it cannot fail
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(body.Len()))
 	w.WriteHeader(status)
 	w.Write(body.Bytes())
 }
 
-// buffers keeps answers' buffers for the next answers: a page of pets
-// is a few KiB, and making it anew each time showed in the profile.
-var buffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// The errors the store returns besides Go's own: values a caller tests
-// with errors.Is and errors.As, and writeError turns into answers.
-
-// faultKind names a cause outside the service for which the store cannot
-// store or read a pet; it says so, starting with its short name.
+// faultKind is a cause outside the service that keeps the store from
+// storing or reading a pet. Its text is the answer's message.
 type faultKind string
 
 const (
 	faultDiskFull     faultKind = "disk full: the filesystem holding the database has no space left, so no pet can be stored until space is freed"
 	faultReadOnly     faultKind = "read-only: the database file or its filesystem cannot be written"
 	faultLocked       faultKind = "database locked: another process holds the database's write lock"
-	faultNotAnswering faultKind = "database not answering"
+	faultTooManyFiles faultKind = "too many open files: the service has no file descriptor left to open the database with"
 	faultTimedOut     faultKind = "timed out: the pet could not be committed before the write timeout, so it was not stored"
+	faultNotAnswering faultKind = "database not answering: a write has waited on the storage for 5 s"
 	faultRefused      faultKind = "refused: a rule in the database file (an operator's trigger or constraint) refuses writes"
-	// The two that last until a restart:
-	faultIO      faultKind = "I/O error: a write to the storage holding the database failed, so the service writes nothing more to it until it is restarted"
-	faultDamaged faultKind = "damaged: the database file is corrupt and must be restored from a backup"
+	faultStopping     faultKind = "stopping: the service is shutting down"
+	// The storage lost what it had. The service stops (store.failed).
+	faultIO      faultKind = "I/O error: a read or write of the database failed"
+	faultDamaged faultKind = "damaged: the database file is corrupt"
 )
 
 // storageError is a store failure whose cause is outside the service.
@@ -145,19 +121,25 @@ type storageError struct {
 func (e *storageError) Error() string { return string(e.kind) + ": " + e.err.Error() }
 
 var (
-	// errIdempotencyKeyReused: the key already stored a different pet.
+	// errIdempotencyKeyReused says the key already stored a different pet.
 	errIdempotencyKeyReused = errors.New("idempotency key reused for a different pet")
-	// errNotPetstore: the file is another application's, left untouched.
+	// errNotPetstore says the file is another application's.
 	errNotPetstore = errors.New("not a petstore database")
 )
 
-// notFoundError: no pet has the id.
+// notFoundError says no pet has the id.
 type notFoundError struct{ id int64 }
 
 func (e notFoundError) Error() string { return fmt.Sprintf("no pet with id %d", e.id) }
 
+// refusedError says a rule in the file that the service does not know
+// of, such as an operator's trigger, refused one create.
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string { return "the database refused this pet: " + e.err.Error() }
+
 // classifyFault tells whether err comes from the storage, and which fault
-// it is; an error it does not know is no fault.
+// it is.
 func classifyFault(err error) (faultKind, bool) {
 	var se *storageError
 	if errors.As(err, &se) {
@@ -166,13 +148,14 @@ func classifyFault(err error) (faultKind, bool) {
 	return sqliteFault(err)
 }
 
-// refusedError: a rule in the file the service does not know of (an
-// operator's trigger or constraint) refused one create.
-type refusedError struct{ err error }
+// isFatal reports whether err means that the storage lost what it had.
+func isFatal(err error) bool {
+	kind, _ := classifyFault(err)
+	return kind == faultIO || kind == faultDamaged
+}
 
-func (e *refusedError) Error() string { return "the database refused this pet: " + e.err.Error() }
-
-// notStored is a create's context error as the reason it was not stored.
+// notStored turns a create's context error into the reason it was not
+// stored.
 func notStored(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return &storageError{faultTimedOut, err}

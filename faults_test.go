@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // mount mounts what args say on a new directory, as root, until the test ends.
@@ -49,8 +52,6 @@ func fill(t *testing.T, dir string) (free func()) {
 var (
 	diskFull = reply{503, map[string]string{"Retry-After": "5"}, errorBody(503, "unavailable", string(faultDiskFull))}
 	readOnly = reply{503, map[string]string{"Retry-After": "5"}, errorBody(503, "unavailable", string(faultReadOnly))}
-	failed   = reply{503, map[string]string{"Retry-After": "60"}, errorBody(503, "storage_failed", string(faultIO))}
-	damaged  = reply{503, map[string]string{"Retry-After": "60"}, errorBody(503, "storage_damaged", string(faultDamaged))}
 	healthy  = reply{200, nil, `{"status":"ok"}`}
 	aPet     = call{method: "POST", path: "/v1/pets", body: `{"name":"Rex","categoryId":1}`}
 	health   = call{method: "GET", path: "/healthz"}
@@ -119,15 +120,15 @@ func TestReadOnly(t *testing.T) {
 		if got.status != 201 {
 			t.Fatalf("a create once writable: %d %s", got.status, got.body)
 		}
-		svc.check(t, call{method: "GET", path: header.Get("Location")}, reply{200, nil, got.body})
+		svc.check(t, call{method: "GET", path: "/v1/" + header.Get("Location")}, reply{200, nil, got.body})
 		must(t, svc.stop())
 		rex.body = strings.TrimSuffix(rex.body, "]") + "," + got.body + "]"
 	}
 }
 
-// TestDamagedFile: a file damaged while the service was down is found by
-// the check the start begins; from then on creates and /healthz are 503
-// storage_damaged, and a pet that cannot be found is not a 404.
+// TestDamagedFile: a file damaged while the service was stopped stops
+// the next start, or the service once its check has read the damage: one
+// ERROR line that names petstore restore, and exit status 1.
 func TestDamagedFile(t *testing.T) {
 	svc := startService(t, nil)
 	var bodies []string
@@ -143,78 +144,70 @@ func TestDamagedFile(t *testing.T) {
 		f.WriteAt([]byte(strings.Repeat("\xde\xad\xbe\xef", 1024)), page*4096)
 	}
 	f.Close()
-	svc = startService(t, nil, "-db", svc.db)
-	waitFor(t, "the check to find the damage", func() bool { got, _ := svc.send(t, health); return got.status == 503 })
-	svc.check(t, aPet, damaged)
-	svc.check(t, health, damaged)
-	svc.check(t, call{method: "GET", path: "/v1/pets/999999"}, reply{503, map[string]string{"Deprecation": "@1795305600"}, damaged.body})
-	line := `level=ERROR msg="storage fault: creates are refused until the service is restarted`
-	waitFor(t, "a line naming the damage", func() bool { return strings.Contains(svc.log.String(), line) })
+	path, err := binaryPath()
+	must(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, "-addr", "127.0.0.1:0", "-db", svc.db)
+	cmd.Env = []string{"PETSTORE_API_KEYS=" + testKey}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || strings.Count(string(out), "level=ERROR") != 1 || !strings.Contains(string(out), "petstore restore") {
+		t.Errorf("a start on a damaged file: %v, want exit status 1, one ERROR line and petstore restore named:\n%s", err, out)
+	}
 }
 
-// TestIOError: ext4 on a loop device whose backing file, on a small
-// tmpfs, runs out (as a thin volume does): writes fail with EIO, or, once
-// ext4's journal has aborted on it, as on a read-only filesystem. Every
-// create is answered; from the error on, creates and /healthz are 503,
-// even once the space is back (storage_failed, and then a get of a pet
-// not found is no 404; or read-only); after a restart every pet
-// acknowledged is there.
-func TestIOError(t *testing.T) {
-	needTool(t, "mkfs.ext4", "apt-get install e2fsprogs")
-	back := mount(t, "-t", "tmpfs", "-o", "size=16m", "tmpfs")
-	img := filepath.Join(back, "disk.img")
-	must(t, os.WriteFile(img, nil, 0o600))
-	must(t, os.Truncate(img, 512<<20))
-	if out, err := exec.Command("mkfs.ext4", "-q", "-b", "4096", img).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4: %v %s", err, out)
+// TestFailedFsync: while fsync fails with EIO (an LD_PRELOAD shim), on
+// the -wal in a commit or on the database file in a checkpoint, the
+// service stops within 15 s with exit status 1 and an ERROR line. After
+// a restart on good storage, every pet answered 201 is there.
+func TestFailedFsync(t *testing.T) {
+	gcc := needTool(t, "gcc", "apt-get install gcc")
+	dir := t.TempDir()
+	shim := filepath.Join(dir, "failfsync.so")
+	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", shim, "testdata/failfsync/failfsync.c", "-ldl").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v %s", err, out)
 	}
-	// errors=continue: ext4 goes on after an I/O error, as on a volume
-	// that gets its space back, rather than turning read-only.
-	dir := mount(t, "-o", "loop,errors=continue", img)
-	svc := startBinary(t, nil, "-db", filepath.Join(dir, "pets.db"))
-	var mu sync.Mutex
-	acked, refused := map[string]bool{}, 0
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for done := false; !done; {
-				got, header := svc.send(t, call{method: "POST", path: "/v1/pets", body: `{"name":"` + strings.Repeat("n", 90) + `","categoryId":1}`})
-				mu.Lock()
-				switch got.status {
-				case 201:
-					acked[header.Get("Location")] = true
-				case 503:
-					refused++
-				default:
-					t.Errorf("a create: %d %s", got.status, got.body)
+	bin := dynamicBinary(t)
+	for _, suffix := range []string{"pets.db-wal", "pets.db"} {
+		trigger := filepath.Join(t.TempDir(), "fail")
+		svc := startBinaryOf(t, bin, map[string]string{"LD_PRELOAD": shim, "FAIL_FSYNC_WHEN": trigger, "FAIL_FSYNC_SUFFIX": suffix})
+		var mu sync.Mutex
+		var acked []string
+		var failedAt time.Time
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for got, start := (reply{status: 201}), time.Now(); got.status != 0 && time.Since(start) < time.Minute; {
+					var header http.Header
+					got, header = svc.send(t, aPet)
+					mu.Lock()
+					if got.status == 201 {
+						acked = append(acked, header.Get("Location"))
+					}
+					if len(acked) == 100 && failedAt.IsZero() {
+						failedAt = time.Now()
+						must(t, os.WriteFile(trigger, nil, 0o600))
+					}
+					mu.Unlock()
 				}
-				done = refused >= 20
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if out, err := exec.Command("mount", "-o", "remount,size=600m", back).CombinedOutput(); err != nil {
-		t.Fatalf("remount: %v %s", err, out)
-	}
-	if got, _ := svc.send(t, aPet); strings.Contains(got.body, "read-only") {
-		svc.check(t, health, readOnly)
-	} else {
-		svc.check(t, aPet, failed)
-		svc.check(t, health, failed)
-		svc.check(t, call{method: "GET", path: "/v1/pets/99999999"}, reply{503, nil, failed.body})
-	}
-	must(t, svc.stop())
-	exec.Command("umount", dir).Run()
-	exec.Command("e2fsck", "-fy", img).Run() // mends what the aborted journal left; exit 1 says it did
-	dir = mount(t, "-o", "loop", img)
-	svc = startBinary(t, nil, "-db", filepath.Join(dir, "pets.db"))
-	for location := range acked {
-		if got, _ := svc.send(t, call{method: "GET", path: location}); got.status != 200 {
-			t.Errorf("%s, acknowledged before the I/O error: %d %s", location, got.status, got.body)
+			}()
 		}
+		wg.Wait() // until it answers no more
+		took := time.Since(failedAt)
+		err := svc.stop()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 || took > 15*time.Second || !strings.Contains(svc.log.String(), `level=ERROR msg="storage failed: the service stops without writing more"`) {
+			t.Fatalf("fsync failing on %s: %v after %s, want exit status 1 within 15 s and an ERROR line:\n%s", suffix, err, took, svc.log)
+		}
+		svc = startBinary(t, nil, "-db", svc.db)
+		for _, location := range acked {
+			if got, _ := svc.send(t, call{method: "GET", path: "/v1/" + location}); got.status != 200 {
+				t.Errorf("%s, answered 201 before fsync failed: %d %s", location, got.status, got.body)
+			}
+		}
+		t.Logf("fsync failing on %s: stopped %s after; %d creates answered 201, all found after a restart", suffix, took.Round(time.Millisecond), len(acked))
 	}
-	t.Logf("I/O error: %d creates acknowledged, %d refused; all acknowledged found after a restart", len(acked), refused)
 }

@@ -25,7 +25,7 @@ func FuzzCreatePet(f *testing.F) {
 			if err := json.Unmarshal([]byte(got.body), &p); err != nil || p.ID < 1 || p.CategoryID < 1 || utf8.RuneCountInString(p.Name) > maxNameLength || strings.TrimSpace(p.Name) == "" {
 				t.Fatalf("%q: a 201 that breaks the rules: %s", body, got.body)
 			}
-			if back, _ := svc.send(t, call{method: "GET", path: header.Get("Location")}); jsonValue(back.body) != jsonValue(got.body) {
+			if back, _ := svc.send(t, call{method: "GET", path: "/v1/" + header.Get("Location")}); jsonValue(back.body) != jsonValue(got.body) {
 				t.Fatalf("%q: answered %s, stored %s", body, got.body, back.body)
 			}
 		case http.StatusRequestEntityTooLarge:

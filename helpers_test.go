@@ -94,6 +94,21 @@ var binaryPath = sync.OnceValues(func() (string, error) {
 	return path, nil
 })
 
+// dynamicBinary is the built petstore, unless PETSTORE_TEST_BINARY names
+// another, which may be static: then a build that LD_PRELOAD works on.
+func dynamicBinary(t testing.TB) string {
+	path, err := binaryPath()
+	if os.Getenv("PETSTORE_TEST_BINARY") != "" {
+		path = filepath.Join(t.TempDir(), "petstore")
+		var out []byte
+		if out, err = exec.Command("go", "build", "-o", path, ".").CombinedOutput(); err != nil {
+			err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	}
+	must(t, err)
+	return path
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if path, err := binaryPath(); err == nil && os.Getenv("PETSTORE_TEST_BINARY") == "" {
@@ -107,6 +122,12 @@ func startBinary(t testing.TB, env map[string]string, args ...string) *service {
 	t.Helper()
 	path, err := binaryPath()
 	must(t, err)
+	return startBinaryOf(t, path, env, args...)
+}
+
+// startBinaryOf runs the petstore binary at path as startBinary does.
+func startBinaryOf(t testing.TB, path string, env map[string]string, args ...string) *service {
+	t.Helper()
 	svc := &service{log: &logLines{}, dir: t.TempDir()}
 	svc.cmd = exec.Command(path, append([]string{"-addr", "127.0.0.1:0", "-db", filepath.Join(svc.dir, "pets.db")}, args...)...)
 	svc.cmd.Dir = svc.dir

@@ -52,6 +52,6 @@ func TestLitestream(t *testing.T) {
 	}
 	svc = startService(t, nil, "-db", svc.db)
 	svc.check(t, call{method: "GET", path: "/v1/pets?limit=100&after=100"}, reply{200, nil, want.body})
-	svc.check(t, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}, reply{201, map[string]string{"Location": "/v1/pets/201"},
+	svc.check(t, call{method: "POST", path: "/v1/pets", body: `{"name":"After","categoryId":1}`}, reply{201, map[string]string{"Location": "pets/201"},
 		`{"id":201,"name":"After","categoryId":1,"status":"available"}`})
 }

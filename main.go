@@ -1,9 +1,8 @@
 // Command petstore serves a store's catalogue of animals over a small JSON
-// HTTP API kept in one SQLite file.
+// HTTP API, and keeps it in one SQLite file.
 package main
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -38,7 +37,11 @@ const needsCgo = `petstore needs cgo and a C compiler: it keeps its pets in SQLi
   Alpine:         apk add gcc musl-dev
   macOS:          xcode-select --install`
 
-// run is the whole program: with no command it serves until ctx is done;
+// restoreAdvice is what to do when the storage failed.
+const restoreAdvice = "check the disk (dmesg) and start again: SQLite recovers what reached the -wal. " +
+	"If the file is damaged, put back a backup with petstore restore (docs/operations.md, When the storage fails)"
+
+// run is the whole program. With no command it serves until ctx is done.
 // backup, restore and keygen are commands that run once. Every failure
 // is returned.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -53,12 +56,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if cfg, err = parseFlags(args, getenv, stdout); err == nil && cfg.version {
 			fmt.Fprintln(stdout, versionLine())
 		} else if err == nil {
-			// A log reader gone makes writes fail with EPIPE; that must
-			// not kill the process, as SIGPIPE on stderr does by default.
+			// A log reader that went away must not kill the process, as
+			// SIGPIPE on stderr would by default.
 			signal.Ignore(syscall.SIGPIPE)
-			out := newLogWriter(stderr, cfg.logFormat)
-			defer out.close(time.Second)
-			err = serve(ctx, cfg, getenv, newLogger(out, cfg.logFormat, cfg.logLevel))
+			err = serve(ctx, cfg, getenv, newLogger(stderr, cfg.logFormat, cfg.logLevel))
 		}
 	}
 	if errors.Is(err, flag.ErrHelp) {
@@ -68,12 +69,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 // serve loads the keys and the certificate, listens, opens the store and
-// answers until ctx is done, in an order that makes the common mistakes
-// fail at once: a bad key or certificate first, a busy port before the
-// database is opened. SIGHUP reloads the keys and the certificate.
+// answers until ctx is done or the storage fails. A bad key or
+// certificate fails first, and a busy port before the database is
+// opened. SIGHUP reloads the keys and the certificate.
 func serve(ctx context.Context, cfg config, getenv func(string) string, log *slog.Logger) error {
-	// SIGHUP is taken from the start: untaken, it kills the process, and
-	// systemd may send a reload as soon as it has started it.
+	// SIGHUP is taken from the start, because it would kill the process,
+	// and systemd may send a reload as soon as it has started it.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -105,20 +106,21 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil }})
 	}
 	defer ln.Close()
-	st, err := openStore(cfg.db, log)
-	if errors.Is(err, errNotPetstore) {
+	st, err := openStore(cfg.db)
+	switch {
+	case errors.Is(err, errNotPetstore):
 		return fmt.Errorf("%w; use another -db file", err)
-	} else if err != nil {
+	case isFatal(err):
+		return fmt.Errorf("%w; %s", err, restoreAdvice)
+	case err != nil:
 		return err
 	}
 	defer st.close()
 	if err := keys.useKeyFile(cfg.db, log); err != nil {
 		return err
 	}
-	// net/http's own limits are the front door; floods beyond them are a
-	// proxy's to turn away (docs/operations.md). A create may wait for its
-	// commit the write timeout less a margin (a quarter, from 0.25 to 2 s,
-	// at most half), so that one not stored is answered 503 in time.
+	// createWithin is shorter than WriteTimeout, so that a create that is
+	// not stored still gets its 503.
 	createWithin := cfg.writeTimeout - min(2*time.Second, max(250*time.Millisecond, cfg.writeTimeout/4), cfg.writeTimeout/2)
 	srv := &http.Server{
 		Handler:           newHandler(&server{store: st, keys: keys, log: log, createWithin: createWithin}, cfg.corsOrigins),
@@ -126,7 +128,7 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 		ReadTimeout:       cfg.readTimeout,
 		WriteTimeout:      cfg.writeTimeout,
 		IdleTimeout:       cfg.idleTimeout,
-		MaxHeaderBytes:    16 << 10, // a request's headers, the key's among them, are well under 1 KiB
+		MaxHeaderBytes:    16 << 10,
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: 100},
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
@@ -137,9 +139,15 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 		select {
 		case err := <-serveErr:
 			return fmt.Errorf("serve: %w", err)
+		case <-st.failed:
+			// A create whose commit met the failure gets no answer,
+			// because it may or may not have reached the -wal.
+			srv.Close()
+			log.Error("storage failed: the service stops without writing more", "db", cfg.db, "err", st.failure, "next", restoreAdvice)
+			return fmt.Errorf("stopped because the storage of %s failed", cfg.db)
 		case <-ctx.Done():
 		case <-hup:
-			// What does not load changes nothing: what is in force stays.
+			// What does not load changes nothing.
 			if err := keys.reload(); err != nil {
 				log.Error("SIGHUP: API keys not reloaded; the previous keys stay in force", "err", err)
 			} else {
@@ -180,7 +188,15 @@ func versionLine() string {
 	return "petstore " + bi.Main.Version + " (revision " + revision + ")"
 }
 
-// config is what the serving flags and environment say.
+// newLogger is the service's logger, in text or JSON, on w.
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// config is what the serving flags and their variables say.
 type config struct {
 	addr, db, apiKeysFile, tlsCert, tlsKey, logFormat         string
 	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
@@ -189,76 +205,50 @@ type config struct {
 	version                                                   bool
 }
 
-// parseFlags reads the serving flags. A value is refused the same way
-// from the flag or its variable, and the message names both.
+// parseFlags reads the serving flags.
 func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (config, error) {
 	var c config
-	fs := newFlagSet()
-	var durations [4]string
-	var level, origins string
-	for _, f := range []struct {
-		p                *string
-		name, def, usage string
-	}{
-		{&c.addr, "addr", "127.0.0.1:8080", "listen address, `host:port` (:8080 for every interface)"},
-		{&c.db, "db", "petstore.db", "SQLite database `file`, created if missing"},
-		{&c.apiKeysFile, "api-keys-file", "", "`file` of API keys, one a line, plain or sha256:<hex>; SIGHUP re-reads it"},
-		{&c.tlsCert, "tls-cert", "", "PEM certificate chain `file`; with -tls-key, serve HTTPS"},
-		{&c.tlsKey, "tls-key", "", "PEM private key `file` for -tls-cert"},
-		{&durations[0], "read-header-timeout", "5s", "time allowed to send the request headers, a `duration`"},
-		{&durations[1], "read-timeout", "10s", "time allowed to send the whole request, a `duration`"},
-		{&durations[2], "write-timeout", "30s", "time allowed from the end of the request headers to the end of the answer, a `duration`"},
-		{&durations[3], "idle-timeout", "2m0s", "how long an idle keep-alive connection is kept, a `duration`"},
-		{&c.logFormat, "log-format", "text", "log `format`: text or json"},
-		{&level, "log-level", "info", "log `level`: debug, info (one line per request), warn or error"},
-		{&origins, "cors-origins", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)"},
-	} {
-		envFlag(fs, getenv, f.p, f.name, f.def, f.usage)
-	}
-	fs.BoolVar(&c.version, "version", false, "print the version and exit")
-	const usage = "petstore [flags]\n       petstore backup [-db FILE] BACKUP-FILE\n       petstore restore -from BACKUP [-db FILE]\n       petstore keygen\n\n" +
-		"Serves the API. Keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file;\nwith neither, from the file DB.key, which the first start writes."
-	if err := parseArgs(fs, args[1:], stdout, usage); err != nil {
+	var origins string
+	fs := flag.NewFlagSet("petstore", flag.ContinueOnError)
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "listen `address`, host:port (:8080 for every interface)")
+	fs.StringVar(&c.db, "db", "petstore.db", "SQLite database `file`, created if missing")
+	fs.StringVar(&c.apiKeysFile, "api-keys-file", "", "`file` of API keys, one per line, plain or sha256:<hex>; SIGHUP reads it again")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "PEM certificate chain `file`; with -tls-key, serve HTTPS")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "PEM private key `file` for -tls-cert")
+	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 5*time.Second, "time to send the request headers")
+	fs.DurationVar(&c.readTimeout, "read-timeout", 10*time.Second, "time to send the whole request")
+	fs.DurationVar(&c.writeTimeout, "write-timeout", 30*time.Second, "time from the end of the request headers to the end of the answer")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection is kept")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
+	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info (one line per request), warn or error")
+	fs.StringVar(&origins, "cors-origins", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)")
+	const usage = "petstore [flags]\n       petstore backup [-db FILE] BACKUP-FILE\n       petstore restore -from BACKUP [-db FILE] [-last-id N]\n       petstore keygen\n\n" +
+		"Serves the API. Keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file.\nWith neither, the key is in the file DB.key, which the first start writes."
+	err := parseArgs(fs, args[1:], getenv, stdout, usage, func() { fs.BoolVar(&c.version, "version", false, "print the version and exit") })
+	switch {
+	case err != nil:
 		return c, err
-	}
-	if fs.NArg() > 0 {
+	case fs.NArg() > 0:
 		return c, fmt.Errorf("unexpected argument %q (commands: backup, restore, keygen)", fs.Arg(0))
-	}
-	for i, d := range []*time.Duration{&c.readHeaderTimeout, &c.readTimeout, &c.writeTimeout, &c.idleTimeout} {
-		name := [...]string{"read-header-timeout", "read-timeout", "write-timeout", "idle-timeout"}[i]
-		v, err := time.ParseDuration(durations[i])
-		if err != nil || v <= 0 {
-			return c, fmt.Errorf("-%s (%s) must be a positive duration such as 5s or 1m30s, got %q", name, envName(name), durations[i])
-		}
-		*d = v
-	}
-	if (c.tlsCert == "") != (c.tlsKey == "") {
+	case (c.tlsCert == "") != (c.tlsKey == ""):
 		return c, errors.New("-tls-cert and -tls-key go together: give both or neither")
-	}
-	if c.logFormat != "text" && c.logFormat != "json" {
+	case c.logFormat != "text" && c.logFormat != "json":
 		return c, fmt.Errorf("-log-format (PETSTORE_LOG_FORMAT) must be text or json, got %q", c.logFormat)
 	}
-	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
-		return c, fmt.Errorf("-log-level (PETSTORE_LOG_LEVEL) must be debug, info, warn or error, got %q", level)
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{{"read-header-timeout", c.readHeaderTimeout}, {"read-timeout", c.readTimeout}, {"write-timeout", c.writeTimeout}, {"idle-timeout", c.idleTimeout}} {
+		if d.value <= 0 {
+			return c, fmt.Errorf("-%s (%s) must be a positive duration such as 5s or 1m30s, got %s", d.name, envName(d.name), d.value)
+		}
 	}
 	for _, o := range strings.FieldsFunc(origins, func(r rune) bool { return r == ',' || r == ' ' }) {
-		// An address copied from a browser's bar ends in "/"; an Origin
-		// never does.
+		// An address copied from a browser's bar ends in "/", and an
+		// Origin never does.
 		c.corsOrigins = append(c.corsOrigins, strings.TrimSuffix(o, "/"))
 	}
 	return c, nil
-}
-
-// Flags, shared by the commands: each flag's default can come from its
-// environment variable, PETSTORE_ and the name in capitals; a flag wins.
-
-// newFlagSet returns a FlagSet that prints nothing itself: run returns
-// its error, and parseArgs prints -h's usage.
-func newFlagSet() *flag.FlagSet {
-	fs := flag.NewFlagSet("petstore", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	return fs
 }
 
 // envName is the environment variable of the flag name.
@@ -266,16 +256,26 @@ func envName(name string) string {
 	return "PETSTORE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
-// envFlag defines the string flag name into p, its default from its
-// variable.
-func envFlag(fs *flag.FlagSet, getenv func(string) string, p *string, name, def, usage string) {
-	fs.StringVar(p, name, cmp.Or(getenv(envName(name)), def), usage+" (env "+envName(name)+")")
-}
-
-// parseArgs parses args into fs: -h prints usage and the flags to
-// stdout, and an error points to -h.
-func parseArgs(fs *flag.FlagSet, args []string, stdout io.Writer, usage string) error {
-	err := fs.Parse(args)
+// parseArgs sets each flag of fs from its variable, if set, then adds
+// the flags that have none (more), and parses args, so that a flag wins
+// over its variable. -h prints usage and the flags to stdout, and an
+// error points to -h.
+func parseArgs(fs *flag.FlagSet, args []string, getenv func(string) string, stdout io.Writer, usage string, more func()) error {
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		f.Usage += " (env " + envName(f.Name) + ")"
+		if v := getenv(envName(f.Name)); v != "" && err == nil {
+			if setErr := f.Value.Set(v); setErr != nil {
+				err = fmt.Errorf("invalid value %q for %s (-%s): %v", v, envName(f.Name), f.Name, setErr)
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	more()
+	fs.SetOutput(io.Discard)
+	err = fs.Parse(args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintf(stdout, "Usage: %s\n\nFlags:\n", usage)
 		fs.SetOutput(stdout)

@@ -1,9 +1,9 @@
 //go:build !cgo
 
-// Built without cgo (CGO_ENABLED=0, or no C compiler found), petstore
-// cannot run, as SQLite is C: the binary says so, and how to get a C
-// compiler, before anything else. The rest stands in for sqlite.go so
-// that the code builds, and type-checks for other systems.
+// A build without cgo (CGO_ENABLED=0, or no C compiler found) cannot run,
+// because SQLite is C. The binary says so, and how to get a C compiler.
+// The rest stands in for sqlite.go, so that the code builds and
+// type-checks for other systems.
 
 package main
 

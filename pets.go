@@ -1,5 +1,5 @@
 // The API: the pets, the route table, and the handlers with the parsing
-// of what a client sends, in the order a request meets them.
+// of what a client sends.
 
 package main
 
@@ -42,17 +42,17 @@ var petStatuses = []string{"available", "pending", "sold"}
 
 const (
 	maxNameLength = 100 // characters (Unicode code points)
-	// maxBodyBytes is twelve times the largest valid NewPet (a name of
-	// 100 four-byte characters, escaped): no client comes near it.
+	// maxBodyBytes is well above the largest valid NewPet, a name of 100
+	// four-byte characters written as escapes.
 	maxBodyBytes = 16 << 10
-	// getPet was deprecated on 2026-11-22 (RFC 9745 writes @unix-seconds)
-	// and goes on the specification's date (RFC 8594).
+	// getPetDeprecation is when getPet was deprecated, 2026-11-22, as
+	// the Deprecation header writes it.
 	getPetDeprecation = "@1795305600"
-	getPetSunset      = "Thu, 05 Dec 2030 00:00:00 GMT"
-	// takeAnswerWithin is the write deadline of an answer that may come
-	// after the write timeout (a create's, a health check's): a client
-	// that never reads it is cut off then.
-	takeAnswerWithin = 10 * time.Second
+	// getPetSunset is when getPet goes, the specification's date.
+	getPetSunset = "Thu, 05 Dec 2030 00:00:00 GMT"
+	// lateWriteTimeout replaces WriteTimeout for answers that may be
+	// slow, such as a create's.
+	lateWriteTimeout = 10 * time.Second
 )
 
 // server holds what the handlers share.
@@ -60,8 +60,7 @@ type server struct {
 	store *store
 	keys  *keyRing
 	log   *slog.Logger
-	// createWithin is how long a create may wait for its commit to begin:
-	// inside the write timeout, so its client is answered either way.
+	// createWithin bounds how long a create waits to begin committing.
 	createWithin time.Duration
 }
 
@@ -95,8 +94,8 @@ func newHandler(s *server, corsOrigins []string) http.Handler {
 			allow[r.path] = append(allow[r.path], "HEAD") // a GET route serves HEAD too
 		}
 	}
-	// A method-less pattern answers a path's other methods, once a path;
-	// the mux picks the most specific pattern, whatever the order.
+	// A pattern without a method answers a path's other methods. The mux
+	// picks the most specific pattern, whatever the order.
 	for _, r := range routes {
 		if methods, ok := allow[r.path]; ok {
 			delete(allow, r.path)
@@ -111,8 +110,8 @@ func newHandler(s *server, corsOrigins []string) http.Handler {
 	return withMiddleware(s.log, corsOrigins, mux)
 }
 
-// wrap makes h a handler whose error is answered, behind the key check
-// unless public, and marked deprecated if it is.
+// wrap makes h a handler whose error is answered. It is behind the key
+// check unless public, and marked deprecated if deprecated.
 func (s *server) wrap(h handler, public, deprecated bool) http.Handler {
 	var next http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
@@ -128,6 +127,7 @@ func (s *server) wrap(h handler, public, deprecated bool) http.Handler {
 	return next
 }
 
+// notFound answers a path that names no resource.
 func notFound(w http.ResponseWriter, r *http.Request) error {
 	return errorf(http.StatusNotFound, "not_found", "no such resource: %s", r.URL.Path)
 }
@@ -140,20 +140,19 @@ func methodNotAllowed(allow string) handler {
 	}
 }
 
-// serveIndex answers GET /: where things are, relative, so it holds
-// behind any domain or proxy.
+// serveIndex answers GET / with where things are. The links are relative
+// to the request, so that they hold under any domain and path prefix.
 func serveIndex(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, map[string]any{"name": "petstore", "description": "A store's catalogue of animals: list, add and get pets under /v1 with a bearer API key.",
-		"links": map[string]string{"pets": "/v1/pets", "openapi": "/openapi.yaml", "openapiJson": "/openapi.json", "health": "/healthz"}})
+		"links": map[string]string{"pets": "v1/pets", "openapi": "openapi.yaml", "openapiJson": "openapi.json", "health": "healthz"}})
 	return nil
 }
 
 // health answers 200 only while the service can both read and store a
-// pet, else 503 naming the failing check: for monitors and balancers.
+// pet, and otherwise 503 naming the failing check.
 func (s *server) health(w http.ResponseWriter, r *http.Request) error {
-	// Its probe may wait 5 s, and first for another's: the answer is sent
-	// whatever the write timeout.
-	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(takeAnswerWithin))
+	// Its probe may wait 5 s, after another's.
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(lateWriteTimeout))
 	if err := s.store.health(); err != nil {
 		return err
 	}
@@ -166,7 +165,7 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) error {
 //go:embed openapi.json
 var openapiDocument []byte
 
-// serveDocument answers the document as the media type: JSON is YAML 1.2
+// serveDocument answers the document as the media type. JSON is YAML 1.2
 // too, so one document serves tools that ask for either.
 func serveDocument(mediaType string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
@@ -185,7 +184,8 @@ func listOrders(w http.ResponseWriter, r *http.Request) error {
 }
 
 // listPets answers one page in ascending id, with a Link to the next page
-// when more pets match.
+// when more pets match. The link is relative to the request, so that it
+// holds under any domain and path prefix.
 func (s *server) listPets(w http.ResponseWriter, r *http.Request) error {
 	limit, status, after, err := parseListQuery(r.URL.RawQuery)
 	if err != nil {
@@ -203,15 +203,14 @@ func (s *server) listPets(w http.ResponseWriter, r *http.Request) error {
 		if status != "" {
 			next += "&status=" + status
 		}
-		// RFC 8288, relative: it holds behind any domain or proxy.
-		w.Header().Set("Link", fmt.Sprintf(`</v1/pets?%s&after=%d>; rel="next"`, next, pets[limit-1].ID))
+		w.Header().Set("Link", fmt.Sprintf(`<pets?%s&after=%d>; rel="next"`, next, pets[limit-1].ID))
 	}
 	writeJSON(w, http.StatusOK, pets)
 	return nil
 }
 
-// getPet answers one pet. It takes no query: a typo must not pass for a
-// filter that worked.
+// getPet answers one pet. It takes no query, so that a typo does not
+// pass for a filter that worked.
 func (s *server) getPet(w http.ResponseWriter, r *http.Request) error {
 	id, ok := parseDecimal(r.PathValue("petId"))
 	switch {
@@ -230,10 +229,10 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) error {
 
 // createPet answers 201 only once the pet is committed. With an
 // Idempotency-Key, a retry of the same request gets the same 201 again.
+// The Location is relative to the request, like listPets' Link.
 func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
-	// A key of 1 to 255 printable characters, taken as sent, quotes and
-	// all, so a client that always sends one form meets its own key
-	// (draft-ietf-httpapi-idempotency-key-header).
+	// The key is taken as sent, quotes and all, so that a client that
+	// always sends one form meets its own key.
 	keys := r.Header.Values("Idempotency-Key")
 	if len(keys) > 1 || len(keys) == 1 && (keys[0] == "" || len(keys[0]) > 255 || !isPrintable(keys[0])) {
 		return badParameter("send one Idempotency-Key header of 1 to 255 printable ASCII characters")
@@ -252,29 +251,28 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errorf(http.StatusBadRequest, "invalid_body", "%s", err)
 	}
-	// A create not begun within createWithin is not stored, and answered
-	// 503; one begun is answered with its outcome however long its commit
-	// takes, so the write timeout must not cut off a stored pet's 201.
+	// A create not begun within createWithin is not stored, and is
+	// answered 503. One begun is answered with its outcome however long
+	// its commit takes, so the write timeout must not cut off its 201.
 	ctx, cancel := context.WithTimeout(r.Context(), s.createWithin)
 	defer cancel()
 	rc := http.NewResponseController(w)
 	rc.SetWriteDeadline(time.Time{})
 	p, replayed, err := s.store.createPet(ctx, pet, key, idempotencyScope(r.Context()))
-	rc.SetWriteDeadline(time.Now().Add(takeAnswerWithin))
+	rc.SetWriteDeadline(time.Now().Add(lateWriteTimeout))
 	if err != nil {
 		return err
 	}
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	w.Header().Set("Location", "/v1/pets/"+strconv.FormatInt(p.ID, 10))
+	w.Header().Set("Location", "pets/"+strconv.FormatInt(p.ID, 10))
 	writeJSON(w, http.StatusCreated, p)
 	return nil
 }
 
-// isJSON reports whether a Content-Type is application/json with no
-// charset but UTF-8, the only one JSON has (RFC 8259). No Content-Type at
-// all is read as JSON, for curl -d.
+// isJSON reports whether a Content-Type is application/json, with no
+// charset but UTF-8, the only one JSON has.
 func isJSON(contentType string) bool {
 	mediaType, params, err := mime.ParseMediaType(contentType)
 	return err == nil && mediaType == "application/json" && (params["charset"] == "" || strings.EqualFold(params["charset"], "utf-8"))
@@ -282,10 +280,10 @@ func isJSON(contentType string) bool {
 
 // parseListQuery reads listPets' query: limit (1 to 100, 20 by default),
 // status, and after, the id of the last pet seen. Unknown and repeated
-// parameters are refused: a misspelt "stauts" must not return every pet.
-// Of several problems, the first name in sorted order is named.
+// parameters are refused, so that a misspelt "stauts" does not return
+// every pet. Of several problems, the first name in sorted order is named.
 func parseListQuery(raw string) (limit int, status string, after int64, err error) {
-	// Empty pairs mean nothing, and ParseQuery counts them to its limit.
+	// Empty pairs mean nothing, and ParseQuery would count them.
 	values, err := url.ParseQuery(strings.Join(slices.DeleteFunc(strings.Split(raw, "&"), func(p string) bool { return p == "" }), "&"))
 	if err != nil {
 		return 0, "", 0, badParameter("malformed query string: use name=value pairs joined by &, percent-encoded")
@@ -321,8 +319,8 @@ func badParameter(format string, args ...any) error {
 	return errorf(http.StatusBadRequest, "invalid_parameter", format, args...)
 }
 
-// parseDecimal parses an int64 of plain digits: no sign, space, fraction
-// or exponent (ParseUint in base 10 takes nothing else; 63 bits bound it).
+// parseDecimal parses an int64 of plain digits, without a sign, space,
+// fraction or exponent.
 func parseDecimal(s string) (int64, bool) {
 	n, err := strconv.ParseUint(s, 10, 63)
 	return int64(n), err == nil
@@ -339,53 +337,42 @@ func cut(s string) string {
 	return s
 }
 
-// decodeNewPet reads a create's body and names every problem with it.
-// It walks the members with encoding/json's tokens: decoding into the
-// struct would take a member name in any case ("categoryID"), let a
-// duplicate win, and take what this API refuses ("categoryId": 1.0 or
-// "1", null for a name).
+// decodeNewPet reads a create's body and names every problem with it. It
+// reads the members as raw JSON, because decoding into the struct would
+// match a member name in any case ("categoryID"), let a duplicate win,
+// and take what this API refuses ("categoryId": 1.0 or "1", null for a
+// name).
 func decodeNewPet(body []byte) (NewPet, error) {
-	switch trimmed := bytes.TrimSpace(body); {
+	trimmed := bytes.TrimSpace(body)
+	switch {
 	case len(trimmed) == 0:
 		return NewPet{}, errors.New(`request body is empty; send a JSON object such as {"name":"Rex","categoryId":1}`)
-	case !utf8.Valid(body): // a string would get U+FFFD in its place, silently
+	case !utf8.Valid(body): // decoding would put U+FFFD in its place, silently
 		return NewPet{}, errors.New("request body is not valid UTF-8")
 	case trimmed[0] != '{':
 		return NewPet{}, errors.New("request body must be a JSON object")
 	}
+	var members map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
-	members := map[string]json.RawMessage{}
-	var problems []string
-	_, err := dec.Token() // the {
-	for err == nil && dec.More() {
-		var token json.Token
-		var value json.RawMessage
-		if token, err = dec.Token(); err == nil {
-			err = dec.Decode(&value)
-		}
-		name, _ := token.(string) // a member's name, as the object is valid so far
-		if _, dup := members[name]; dup && err == nil {
-			return NewPet{}, fmt.Errorf("field %s appears more than once", quote(name))
-		}
-		members[name] = value
-		switch {
-		case err != nil, name == "name", name == "categoryId", name == "status":
-		case name == "id":
-			problems = append(problems, "id must not be sent: the service assigns it")
-		default:
-			problems = append(problems, fmt.Sprintf("unknown field %s (a NewPet has name, categoryId and status)", quote(name)))
-		}
-	}
-	if err == nil {
-		_, err = dec.Token() // the }
-	}
 	var syntax *json.SyntaxError
-	if errors.As(err, &syntax) {
+	if err := dec.Decode(&members); errors.As(err, &syntax) {
 		return NewPet{}, fmt.Errorf("request body is not valid JSON: %v (at byte %d)", err, syntax.Offset)
 	} else if err != nil {
 		return NewPet{}, errors.New("request body is not valid JSON: it ends before the object is complete")
 	} else if _, err := dec.Token(); err != io.EOF {
 		return NewPet{}, errors.New("request body has data after the JSON object; send exactly one object")
+	}
+	var problems []string
+	names := memberNames(body)
+	for i, name := range names {
+		switch {
+		case slices.Contains(names[:i], name):
+			return NewPet{}, fmt.Errorf("field %s appears more than once", quote(name))
+		case name == "id":
+			problems = append(problems, "id must not be sent: the service assigns it")
+		case name != "name" && name != "categoryId" && name != "status":
+			problems = append(problems, fmt.Sprintf("unknown field %s (a NewPet has name, categoryId and status)", quote(name)))
+		}
 	}
 	pet := NewPet{Status: petStatuses[0]}
 	for _, problem := range []string{nameProblem(members["name"], &pet.Name), categoryProblem(members["categoryId"], &pet.CategoryID), statusProblem(members["status"], &pet.Status)} {
@@ -402,7 +389,21 @@ func decodeNewPet(body []byte) (NewPet, error) {
 	return pet, nil
 }
 
-// nameProblem checks the name member into name; it returns what is wrong.
+// memberNames returns the names of the members of the JSON object in
+// body, in order, duplicates too. body is a valid object.
+func memberNames(body []byte) []string {
+	var names []string
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.Token() // the {
+	for dec.More() {
+		name, _ := dec.Token()
+		names = append(names, name.(string))
+		dec.Decode(new(json.RawMessage))
+	}
+	return names
+}
+
+// nameProblem checks the name member into name, and returns what is wrong.
 func nameProblem(raw json.RawMessage, name *string) string {
 	switch {
 	case raw == nil || string(raw) == "null":
@@ -414,20 +415,20 @@ func nameProblem(raw json.RawMessage, name *string) string {
 	case utf8.RuneCountInString(*name) > maxNameLength:
 		return fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(*name))
 	case strings.ContainsFunc(*name, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) }):
-		// Control characters break lines of logs and scripts; format
+		// Control characters break lines of logs and scripts. Format
 		// characters are invisible, and make a name look empty or read as
-		// another ("Trojan Source").
+		// another.
 		return "name must not contain control, format or line separator characters (such as tab, newline, U+200B zero-width space, U+202E right-to-left override or U+2028)"
 	case strings.ContainsRune(*name, utf8.RuneError):
 		// Decoding puts U+FFFD, silently, for a \u escape of half a
-		// surrogate pair: the name stored would not be the one sent.
+		// surrogate pair, so the name stored would not be the one sent.
 		return "name must not contain U+FFFD, the replacement character, or a \\u escape of half a UTF-16 surrogate pair (such as \\ud800 alone)"
 	}
 	return ""
 }
 
-// categoryProblem checks categoryId into id: a JSON integer from 1 to
-// MaxInt64, parsed from its text so that no float64 rounds it.
+// categoryProblem checks categoryId into id. It is a JSON integer from 1
+// to MaxInt64, parsed from its text so that no float64 rounds it.
 func categoryProblem(raw json.RawMessage, id *int64) string {
 	n, err := strconv.ParseInt(string(raw), 10, 64)
 	switch {

@@ -1,8 +1,8 @@
 //go:build cgo
 
-// All that names go-sqlite3's own types: the driver as the service
+// The parts that name go-sqlite3's own types: the driver as the service
 // registers it, and SQLite's error codes read as the store's faults.
-// nocgo.go stands in where cgo is off.
+// nocgo.go stands in for this file when cgo is off.
 
 package main
 
@@ -23,23 +23,19 @@ func init() {
 }
 
 // setUpConnection sets what the DSN cannot:
-//   - the -wal and -shm are kept when the last connection closes (the WAL
-//     emptied): SQLite deletes them by default, and then a start on a
-//     full disk fails, as a new -shm needs 32 KiB, and one on a read-only
-//     disk cannot make them. Kept, the service starts and serves reads.
-//   - temporary files, an insert's statement journal among them, live in
-//     memory: a 64 KiB one made and freed for every create cost a fifth
-//     of create throughput in glibc's malloc.
-//   - no checkpoint runs by itself at the end of a commit, where SQLite
-//     ignores one that fails: after a failed fsync, Linux may report the
-//     next one a success for pages it dropped, and the WAL would then be
-//     started over with its frames lost. The writer checkpoints itself,
-//     and a checkpoint's I/O error lasts (store.checkpoint).
+//   - PERSIST_WAL keeps the -wal and -shm when the last connection
+//     closes. SQLite deletes them by default, and then the next start on
+//     a full or read-only disk could not make them again.
+//   - temp_store=MEMORY keeps a create's statement journal in memory
+//     instead of a temporary file made and freed per create.
+//   - wal_autocheckpoint=0 leaves checkpoints to store.checkpoint,
+//     because SQLite ignores the I/O error of a checkpoint it runs after
+//     a commit.
 func setUpConnection(c *sqlite3.SQLiteConn) error {
 	if err := c.SetFileControlInt("main", sqlite3.SQLITE_FCNTL_PERSIST_WAL, 1); err != nil {
 		return err
 	}
-	_, err := c.Exec("PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 4194304", nil)
+	_, err := c.Exec("PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 0", nil)
 	return err
 }
 
@@ -49,10 +45,10 @@ func sqliteFault(err error) (faultKind, bool) {
 	if !errors.As(err, &e) {
 		return "", false
 	}
-	// The system's errno says more than SQLite's code (a write refused
-	// for an immutable file is SQLITE_IOERR_WRITE with EPERM), except for
-	// a failed fsync, an I/O fault whatever its errno: ENOSPC from a thin
-	// volume means written pages were dropped.
+	// The system's errno says more than SQLite's code: a write refused
+	// for an immutable file is SQLITE_IOERR_WRITE with EPERM. A failed
+	// fsync is an I/O error whatever its errno, because the pages it
+	// should have written may be lost.
 	fsync := e.ExtendedCode == sqlite3.ErrIoErrFsync || e.ExtendedCode == sqlite3.ErrIoErrDirFsync
 	if kind, ok := classifyErrno(e.SystemErrno); ok && !fsync {
 		return kind, true
@@ -61,8 +57,7 @@ func sqliteFault(err error) (faultKind, bool) {
 	case sqlite3.ErrFull:
 		return faultDiskFull, true
 	case sqlite3.ErrReadonly, sqlite3.ErrPerm, sqlite3.ErrCantOpen:
-		// CANTOPEN: a file SQLite must make (the -wal, the -shm) cannot be,
-		// as on a read-only disk after an outside sqlite3 removed them.
+		// CANTOPEN: SQLite could not make the -wal or the -shm.
 		return faultReadOnly, true
 	case sqlite3.ErrIoErr:
 		return faultIO, true
@@ -81,6 +76,8 @@ func classifyErrno(errno syscall.Errno) (faultKind, bool) {
 		return faultDiskFull, true
 	case syscall.EROFS, syscall.EPERM, syscall.EACCES:
 		return faultReadOnly, true
+	case syscall.EMFILE, syscall.ENFILE:
+		return faultTooManyFiles, true
 	case syscall.EIO:
 		return faultIO, true
 	}

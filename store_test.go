@@ -62,7 +62,7 @@ func TestDeployedSchemas(t *testing.T) {
 			createPets(t, svc, `{"name":"Kit","categoryId":4}`)
 			if v >= 6 { // a retry of 2ef6b6d's create, after the upgrade, replays it
 				svc.check(t, call{method: "POST", path: "/v1/pets", body: `{"name":"Luna","categoryId":1}`, header: map[string]string{"Idempotency-Key": "order-1"}},
-					reply{201, map[string]string{"Idempotent-Replayed": "true", "Location": "/v1/pets/4"}, `{"id":4,"name":"Luna","categoryId":1,"status":"available"}`})
+					reply{201, map[string]string{"Idempotent-Replayed": "true", "Location": "pets/4"}, `{"id":4,"name":"Luna","categoryId":1,"status":"available"}`})
 			}
 			must(t, svc.stop())
 			if diff := cmp.Diff(want, schemaOf(t, db)); diff != "" {
@@ -141,8 +141,8 @@ func TestOutsideTheService(t *testing.T) {
 // stored.
 func TestHeldBehindALock(t *testing.T) {
 	db, lines := filepath.Join(t.TempDir(), "pets.db"), &logLines{}
-	log := newLogger(lines, "text", 0) // written as logged, with no log writer between
-	st, err := openStore(db, log)
+	log := newLogger(lines, "text", 0)
+	st, err := openStore(db)
 	must(t, err)
 	defer st.close()
 	keys, err := newKeyRing(testKey, "")
@@ -181,7 +181,7 @@ func TestHeldBehindALock(t *testing.T) {
 // were not there. So does one whose deadline passed before its insert.
 func TestRefusedCreateSparesItsBatch(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "pets.db")
-	st, err := openStore(db, newLogger(&logLines{}, "text", 0))
+	st, err := openStore(db)
 	must(t, err)
 	defer st.close()
 	_, err = sqlite(t, db).Exec(`CREATE TRIGGER no_cats BEFORE INSERT ON pets WHEN NEW.name = 'Cat' BEGIN SELECT RAISE(ABORT, 'no cats here'); END;
