@@ -12,6 +12,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -189,7 +190,7 @@ func bearerToken(r *http.Request) (token, malformed string) {
 }
 
 // requireAPIKey lets a request with a valid key through to next, and
-// notes the key's digest in the request's caller. Any other request is
+// notes the key's digest in the request's context (callerKey). Any other request is
 // answered 401 with a WWW-Authenticate challenge, and one WARN line names
 // the client's address, for fail2ban and the like. The key is never
 // logged.
@@ -202,9 +203,7 @@ func requireAPIKey(keys *keyRing, log *slog.Logger, next http.Handler) http.Hand
 			why, msg = "malformed", malformed
 		case token != "":
 			if d := digestOf(token); keys.accepts(d) {
-				if who, ok := r.Context().Value(callerKey{}).(*caller); ok {
-					who.key, who.accepted = d, true
-				}
+				*r.Context().Value(callerKey{}).(*keyDigest) = d
 				next.ServeHTTP(w, r)
 				return
 			}
@@ -217,38 +216,30 @@ func requireAPIKey(keys *keyRing, log *slog.Logger, next http.Handler) http.Hand
 	})
 }
 
-// caller is what a request learns of its client: the digest of the key
-// it was accepted with. logRequests puts one in every request's context,
-// and requireAPIKey fills it in.
-type caller struct {
-	key      keyDigest
-	accepted bool
-}
-
-// callerKey is the context key of a request's *caller.
+// callerKey is the context key of a request's *keyDigest: the digest of
+// the key it was accepted with, which logRequests puts in every request's
+// context and requireAPIKey fills in. It stays zero for a request with no
+// accepted key.
 type callerKey struct{}
 
 // idempotencyScope is what an Idempotency-Key is stored with, so that it
 // belongs to the API key that sent it. It is a digest derived from the
 // key's, for this use only, which no keys-file line would match.
 func idempotencyScope(ctx context.Context) []byte {
-	var d keyDigest
-	if who, ok := ctx.Value(callerKey{}).(*caller); ok {
-		d = who.key
-	}
+	d := ctx.Value(callerKey{}).(*keyDigest)
 	sum := sha256.Sum256(append([]byte("petstore idempotency scope\x00"), d[:]...))
 	return sum[:16]
 }
 
 // runKeygen is "petstore keygen". It prints a new key for a client, and
 // the keys-file line that accepts it without holding the key.
-func runKeygen(args []string, stdout io.Writer) error {
-	if len(args) > 1 {
-		fmt.Fprintln(stdout, "Usage: petstore keygen\n\nPrints a new API key, and the sha256: line for the keys file that accepts it.")
-		if args[1] == "-h" || args[1] == "-help" || args[1] == "--help" {
-			return nil
-		}
-		return fmt.Errorf("keygen takes no arguments, got %q", args[1])
+func runKeygen(args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("petstore keygen", flag.ContinueOnError)
+	usage := "petstore keygen\n\nPrints a new API key, and the sha256: line for the keys file that accepts it."
+	if err := parseArgs(fs, args[1:], getenv, stdout, usage); err != nil {
+		return err
+	} else if fs.NArg() > 0 {
+		return fmt.Errorf("keygen takes no arguments, got %q", fs.Arg(0))
 	}
 	key := generateKey()
 	d := digestOf(key)

@@ -27,24 +27,21 @@ func runBackupCommand(ctx context.Context, args []string, getenv func(string) st
 	}[args[0]]
 	fs := flag.NewFlagSet("petstore "+args[0], flag.ContinueOnError)
 	db := fs.String("db", "petstore.db", "SQLite database `file`")
-	var from string
-	var lastID int64
-	err := parseArgs(fs, args[1:], getenv, stdout, usage, func() {
-		fs.StringVar(&from, "from", "", "restore: the backup `file` to put back, as petstore backup wrote it")
-		fs.Int64Var(&lastID, "last-id", -1, "restore: the highest `id` the replaced file held or gave out, when it cannot be read from it")
-	})
-	if err != nil {
+	from := fs.String("from", "", "restore: the backup `file` to put back, as petstore backup wrote it")
+	lastID := fs.Int64("last-id", -1, "restore: the highest `id` the replaced file held or gave out, when it cannot be read from it")
+	if err := parseArgs(fs, args[1:], getenv, stdout, usage); err != nil {
 		return err
 	}
 	var pets int64
+	var err error
 	var done string
 	switch {
-	case args[0] == "backup" && fs.NArg() == 1 && from == "":
+	case args[0] == "backup" && fs.NArg() == 1 && *from == "":
 		pets, err = backupDatabase(ctx, *db, fs.Arg(0))
 		done = "backed up " + *db + " to " + fs.Arg(0)
-	case args[0] == "restore" && fs.NArg() == 0 && from != "":
-		pets, err = restoreDatabase(ctx, from, *db, lastID)
-		done = "restored " + from + " to " + *db
+	case args[0] == "restore" && fs.NArg() == 0 && *from != "":
+		pets, err = restoreDatabase(ctx, *from, *db, *lastID)
+		done = "restored " + *from + " to " + *db
 	default:
 		return fmt.Errorf("%s: name the files as the usage says, flags first: %s", args[0], strings.Split(usage, "\n")[0])
 	}
@@ -60,41 +57,43 @@ func runBackupCommand(ctx context.Context, args []string, getenv func(string) st
 // blocks the writer nor copies half a commit, and the copy has no -wal.
 // The copy is written beside dst, checked and fsynced, and only then
 // linked to dst, which must not exist, so that no half copy ever passes
-// for a backup.
+// for a backup. It returns the number of pets in the copy.
 func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("%s already exists; a backup never overwrites a file", dst)
 	}
-	tmp, err := vacuumInto(ctx, src, dst)
+	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
+	if err != nil {
+		return 0, err
+	}
+	f.Close()
+	defer os.Remove(f.Name())
+	defer os.Remove(f.Name() + "-journal") // VACUUM INTO's own, when it failed
+	db, _ := sql.Open(sqliteDriver, readOnlyDSN(src))
+	_, err = db.ExecContext(ctx, "VACUUM INTO ?", f.Name())
+	db.Close()
 	if err != nil {
 		return 0, fmt.Errorf("back up %s: %w", src, err)
 	}
-	defer os.Remove(tmp)
-	if pets, err = checkBackup(ctx, tmp); err != nil {
-		return 0, err
+	// The copy is a whole petstore file, of any schema petstore has deployed.
+	if _, err := inspect(f.Name()); err != nil {
+		return 0, fmt.Errorf("check backup: %w", err)
+	}
+	copied, _ := sql.Open(sqliteDriver, readOnlyDSN(f.Name()))
+	var check string
+	err = copied.QueryRowContext(ctx, "SELECT integrity_check, (SELECT count(*) FROM pets) FROM pragma_integrity_check").Scan(&check, &pets)
+	copied.Close()
+	if err == nil && check != "ok" {
+		err = fmt.Errorf("integrity_check says %q", check)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("check backup: %w", err)
 	}
 	// A link, unlike a rename, does not replace a file made at dst since.
-	if err := os.Link(tmp, dst); err != nil {
+	if err := errors.Join(syncPath(f.Name()), os.Link(f.Name(), dst)); err != nil {
 		return 0, fmt.Errorf("backup file: %w", err)
 	}
 	return pets, syncPath(filepath.Dir(dst))
-}
-
-// checkBackup checks that the copy at path is a whole petstore file, of
-// any schema petstore has deployed, and counts its pets.
-func checkBackup(ctx context.Context, path string) (pets int64, err error) {
-	if _, err := inspect(path); err != nil {
-		return 0, fmt.Errorf("check backup: %w", err)
-	}
-	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
-	defer db.Close()
-	var check string
-	if err := db.QueryRowContext(ctx, "SELECT integrity_check, (SELECT count(*) FROM pets) FROM pragma_integrity_check").Scan(&check, &pets); err != nil {
-		return 0, fmt.Errorf("check backup: %w", err)
-	} else if check != "ok" {
-		return 0, fmt.Errorf("check backup: integrity_check says %q", check)
-	}
-	return pets, nil
 }
 
 // restoreDatabase replaces the database at path with the backup at from.
@@ -116,16 +115,17 @@ func restoreDatabase(ctx context.Context, from, path string, lastID int64) (pets
 	if err != nil {
 		return 0, err
 	}
-	// Another application's file, or one that is no SQLite file at all,
-	// is not replaced. A damaged one of petstore's, the reason to
-	// restore, is.
-	header := make([]byte, 16)
-	if n, _ := io.ReadFull(lock, header); n > 0 && string(header[:n]) != "SQLite format 3\x00" {
-		return 0, fmt.Errorf("database %s: not a SQLite database file (one of petstore's damaged in its first bytes must be removed by hand); it is left as it is", path)
-	} else if _, err := inspect(path); errors.Is(err, errNotPetstore) {
+	// Another application's file is not replaced. A damaged one of
+	// petstore's, the reason to restore, is.
+	if _, err := inspect(path); errors.Is(err, errNotPetstore) {
 		return 0, fmt.Errorf("database %s: %w; it is left as it is", path, err)
 	}
-	top, err := highestID(ctx, path, info.Size())
+	var top int64 // an empty file has given out no id
+	if info.Size() > 0 {
+		old, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
+		err = old.QueryRowContext(ctx, `SELECT max(coalesce((SELECT max(id) FROM pets), 0), coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))`).Scan(&top)
+		old.Close()
+	}
 	if err != nil && lastID < 0 {
 		return 0, fmt.Errorf("database %s: the highest id it holds or gave out cannot be read (%v), so a restore could give a client's id to another pet; it is left as it is. "+
 			"Find that id (sqlite3 %s .recover, or your clients' records) and run restore again with -last-id ID", path, err, path)
@@ -158,40 +158,6 @@ func restoreDatabase(ctx context.Context, from, path string, lastID int64) (pets
 		return 0, err
 	}
 	return pets, syncPath(filepath.Dir(path))
-}
-
-// highestID reads the highest id that the file at path, of size bytes,
-// holds or gave out. An empty file has given out none.
-func highestID(ctx context.Context, path string, size int64) (int64, error) {
-	if size == 0 {
-		return 0, nil
-	}
-	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
-	defer db.Close()
-	var top int64
-	err := db.QueryRowContext(ctx, `SELECT max(coalesce((SELECT max(id) FROM pets), 0), coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))`).Scan(&top)
-	return top, err
-}
-
-// vacuumInto writes a copy of the database at src to a new file beside
-// dst, private to the user, fsyncs it and its directory, and returns its
-// path. A copy that fails is removed.
-func vacuumInto(ctx context.Context, src, dst string) (string, error) {
-	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
-	if err != nil {
-		return "", err
-	}
-	f.Close()
-	db, _ := sql.Open(sqliteDriver, readOnlyDSN(src))
-	defer db.Close()
-	if _, err = db.ExecContext(ctx, "VACUUM INTO ?", f.Name()); err == nil {
-		err = errors.Join(syncPath(f.Name()), syncPath(filepath.Dir(dst)))
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		os.Remove(f.Name() + "-journal") // VACUUM INTO's own, when it failed
-	}
-	return f.Name(), err
 }
 
 // syncPath fsyncs a file or a directory, so that what was written to it,

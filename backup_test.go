@@ -62,7 +62,8 @@ func TestBackupAndRestore(t *testing.T) {
 		{[]string{"restore", "-db", svc.db}, "restore: name the files as the usage says, flags first: petstore restore -from BACKUP [-db FILE] [-last-id N]"},
 		{[]string{"restore", "-db", filepath.Join(dir, "y.db"), "-from", svc.db + "-wal"}, "restore: back up " + svc.db + "-wal: file is not a database"},
 		{[]string{"restore", "-db", foreign, "-from", first}, "restore: database " + foreign + ": not a petstore database: it holds tables petstore did not make (notes); it is left as it is"},
-		{[]string{"restore", "-db", filepath.Join(dir, "notes.txt"), "-from", first}, "restore: database " + filepath.Join(dir, "notes.txt") + ": not a SQLite database file (one of petstore's damaged in its first bytes must be removed by hand); it is left as it is"},
+		{[]string{"restore", "-db", filepath.Join(dir, "notes.txt"), "-from", first}, "restore: database " + filepath.Join(dir, "notes.txt") + ": the highest id it holds or gave out cannot be read (file is not a database), so a restore could give a client's id to another pet; it is left as it is. " +
+			"Find that id (sqlite3 " + filepath.Join(dir, "notes.txt") + " .recover, or your clients' records) and run restore again with -last-id ID"},
 	} {
 		if _, err := runCommand(tt.args...); err == nil || err.Error() != tt.want {
 			t.Errorf("%v: %v\nwant %s", tt.args, err, tt.want)

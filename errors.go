@@ -61,7 +61,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 		answer = &apiError{"idempotency_key_reused", "this Idempotency-Key was already used for a different pet; use a new key for a new request", http.StatusUnprocessableEntity}
 	case errors.As(err, &refused):
 		answer = &apiError{"refused_by_database", refused.Error(), http.StatusUnprocessableEntity}
-	case errors.As(err, &fault):
+	case errors.As(err, &fault): // the store returns a fault as a *storageError
 		log.Warn("storage fault", "fault", fault.Error(), "method", r.Method, "path", r.URL.Path, "request_id", id)
 		retryAfter := "1"
 		if fault.kind == faultDiskFull || fault.kind == faultReadOnly {
@@ -103,8 +103,7 @@ const (
 	faultReadOnly     faultKind = "read-only: the database file or its filesystem cannot be written"
 	faultLocked       faultKind = "database locked: another process holds the database's write lock"
 	faultTooManyFiles faultKind = "too many open files: the service has no file descriptor left to open the database with"
-	faultTimedOut     faultKind = "timed out: the pet could not be committed before the write timeout, so it was not stored"
-	faultNotAnswering faultKind = "database not answering: a write has waited on the storage for 5 s"
+	faultTimedOut     faultKind = "timed out: the write could not begin in time, so nothing was stored"
 	faultRefused      faultKind = "refused: a rule in the database file (an operator's trigger or constraint) refuses writes"
 	faultStopping     faultKind = "stopping: the service is shutting down"
 	// The storage lost what it had. The service stops (store.failed).
@@ -138,24 +137,27 @@ type refusedError struct{ err error }
 
 func (e *refusedError) Error() string { return "the database refused this pet: " + e.err.Error() }
 
-// classifyFault tells whether err comes from the storage, and which fault
-// it is.
-func classifyFault(err error) (faultKind, bool) {
+// asFault returns err as a *storageError when the storage is at fault,
+// and nil otherwise.
+func asFault(err error) *storageError {
 	var se *storageError
 	if errors.As(err, &se) {
-		return se.kind, true
+		return se
 	}
-	return sqliteFault(err)
+	if kind, ok := sqliteFault(err); ok {
+		return &storageError{kind, err}
+	}
+	return nil
 }
 
 // isFatal reports whether err means that the storage lost what it had.
 func isFatal(err error) bool {
-	kind, _ := classifyFault(err)
-	return kind == faultIO || kind == faultDamaged
+	f := asFault(err)
+	return f != nil && (f.kind == faultIO || f.kind == faultDamaged)
 }
 
 // notStored turns a create's context error into the reason it was not
-// stored.
+// stored. nil stays nil.
 func notStored(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return &storageError{faultTimedOut, err}

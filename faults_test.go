@@ -1,8 +1,7 @@
 package main
 
 import (
-	"context"
-	"errors"
+		"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -126,9 +125,9 @@ func TestReadOnly(t *testing.T) {
 	}
 }
 
-// TestDamagedFile: a file damaged while the service was stopped stops
-// the next start, or the service once its check has read the damage: one
-// ERROR line that names petstore restore, and exit status 1.
+// TestDamagedFile: a file damaged while the service was stopped stops the
+// service once a read meets the damage, with exit status 1 and one ERROR
+// line that names petstore restore.
 func TestDamagedFile(t *testing.T) {
 	svc := startService(t, nil)
 	var bodies []string
@@ -144,16 +143,13 @@ func TestDamagedFile(t *testing.T) {
 		f.WriteAt([]byte(strings.Repeat("\xde\xad\xbe\xef", 1024)), page*4096)
 	}
 	f.Close()
-	path, err := binaryPath()
-	must(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, path, "-addr", "127.0.0.1:0", "-db", svc.db)
-	cmd.Env = []string{"PETSTORE_API_KEYS=" + testKey}
-	out, err := cmd.CombinedOutput()
+	svc = startBinary(t, nil, "-db", svc.db)
+	for after, got := 0, (reply{status: 200}); got.status == 200; after += 100 { // a walk through every pet
+		got, _ = svc.send(t, call{method: "GET", path: fmt.Sprintf("/v1/pets?limit=100&after=%d", after)})
+	}
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 || strings.Count(string(out), "level=ERROR") != 1 || !strings.Contains(string(out), "petstore restore") {
-		t.Errorf("a start on a damaged file: %v, want exit status 1, one ERROR line and petstore restore named:\n%s", err, out)
+	if err := svc.exit(); !errors.As(err, &exit) || exit.ExitCode() != 1 || strings.Count(svc.log.String(), "level=ERROR") != 1 || !strings.Contains(svc.log.String(), "petstore restore") {
+		t.Errorf("a service that read a damaged file: %v, want exit status 1, one ERROR line and petstore restore named:\n%s", err, svc.log)
 	}
 }
 
@@ -195,9 +191,9 @@ func TestFailedFsync(t *testing.T) {
 				}
 			}()
 		}
-		wg.Wait() // until it answers no more
+		err := svc.exit()
 		took := time.Since(failedAt)
-		err := svc.stop()
+		wg.Wait()
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) || exit.ExitCode() != 1 || took > 15*time.Second || !strings.Contains(svc.log.String(), `level=ERROR msg="storage failed: the service stops without writing more"`) {
 			t.Fatalf("fsync failing on %s: %v after %s, want exit status 1 within 15 s and an ERROR line:\n%s", suffix, err, took, svc.log)

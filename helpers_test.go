@@ -32,6 +32,7 @@ type service struct {
 	dir     string // the binary's working directory
 	log     *logLines
 	stop    func() error // as SIGTERM; the error run returned, or the exit's
+	exit    func() error // the binary's exit, once it stops by itself
 	cmd     *exec.Cmd    // the binary's process; nil in-process
 }
 
@@ -139,10 +140,11 @@ func startBinaryOf(t testing.TB, path string, env map[string]string, args ...str
 	must(t, svc.cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- svc.cmd.Wait() }()
-	svc.stop = sync.OnceValue(func() error {
+	svc.exit = sync.OnceValue(func() error { return <-exited })
+	svc.stop = func() error {
 		svc.cmd.Process.Signal(syscall.SIGTERM)
-		return <-exited
-	})
+		return svc.exit()
+	}
 	t.Cleanup(func() { svc.cmd.Process.Kill(); svc.stop() })
 	svc.listening(t, func() bool { return len(exited) > 0 })
 	return svc

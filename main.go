@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -32,14 +31,10 @@ func main() {
 }
 
 // needsCgo is what a binary built without cgo says (nocgo.go).
-const needsCgo = `petstore needs cgo and a C compiler: it keeps its pets in SQLite, which is C, and this binary was built with cgo off (CGO_ENABLED=0, or no C compiler was found). Install a C compiler and build again with CGO_ENABLED=1:
-  Debian, Ubuntu: apt-get install gcc
-  Alpine:         apk add gcc musl-dev
-  macOS:          xcode-select --install`
+const needsCgo = "petstore needs cgo and a C compiler: it keeps its pets in SQLite, which is C, and this binary was built with cgo off (CGO_ENABLED=0, or no C compiler was found). Install a C compiler and build again with CGO_ENABLED=1:\n  Debian, Ubuntu: apt-get install gcc\n  Alpine:         apk add gcc musl-dev\n  macOS:          xcode-select --install"
 
 // restoreAdvice is what to do when the storage failed.
-const restoreAdvice = "check the disk (dmesg) and start again: SQLite recovers what reached the -wal. " +
-	"If the file is damaged, put back a backup with petstore restore (docs/operations.md, When the storage fails)"
+const restoreAdvice = "check the disk (dmesg) and start again: SQLite recovers what reached the -wal. If the file is damaged, put back a backup with petstore restore (docs/operations.md, When the storage fails)"
 
 // run is the whole program. With no command it serves until ctx is done.
 // backup, restore and keygen are commands that run once. Every failure
@@ -50,12 +45,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "backup", "restore":
 		err = runBackupCommand(ctx, args[1:], getenv, stdout)
 	case "keygen":
-		err = runKeygen(args[1:], stdout)
+		err = runKeygen(args[1:], getenv, stdout)
 	default:
 		var cfg config
-		if cfg, err = parseFlags(args, getenv, stdout); err == nil && cfg.version {
-			fmt.Fprintln(stdout, versionLine())
-		} else if err == nil {
+		if cfg, err = parseFlags(args, getenv, stdout); err == nil {
 			// A log reader that went away must not kill the process, as
 			// SIGPIPE on stderr would by default.
 			signal.Ignore(syscall.SIGPIPE)
@@ -176,18 +169,6 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	return nil
 }
 
-// versionLine is the build's version and revision, as Go recorded them.
-func versionLine() string {
-	bi, _ := debug.ReadBuildInfo() // a module build has it
-	revision := "unknown"
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			revision = s.Value
-		}
-	}
-	return "petstore " + bi.Main.Version + " (revision " + revision + ")"
-}
-
 // newLogger is the service's logger, in text or JSON, on w.
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	if format == "json" {
@@ -202,7 +183,6 @@ type config struct {
 	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
 	logLevel                                                  slog.Level
 	corsOrigins                                               []string
-	version                                                   bool
 }
 
 // parseFlags reads the serving flags.
@@ -222,9 +202,8 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info (one line per request), warn or error")
 	fs.StringVar(&origins, "cors-origins", "", "browser `origins` allowed to call the API, comma-separated, exact (https://office.example.com)")
-	const usage = "petstore [flags]\n       petstore backup [-db FILE] BACKUP-FILE\n       petstore restore -from BACKUP [-db FILE] [-last-id N]\n       petstore keygen\n\n" +
-		"Serves the API. Keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file.\nWith neither, the key is in the file DB.key, which the first start writes."
-	err := parseArgs(fs, args[1:], getenv, stdout, usage, func() { fs.BoolVar(&c.version, "version", false, "print the version and exit") })
+	const usage = "petstore [flags]\n       petstore backup [-db FILE] BACKUP-FILE\n       petstore restore -from BACKUP [-db FILE] [-last-id N]\n       petstore keygen\n\nServes the API. Keys come from PETSTORE_API_KEYS (comma-separated) and -api-keys-file.\nWith neither, the key is in the file DB.key, which the first start writes."
+	err := parseArgs(fs, args[1:], getenv, stdout, usage)
 	switch {
 	case err != nil:
 		return c, err
@@ -234,14 +213,6 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		return c, errors.New("-tls-cert and -tls-key go together: give both or neither")
 	case c.logFormat != "text" && c.logFormat != "json":
 		return c, fmt.Errorf("-log-format (PETSTORE_LOG_FORMAT) must be text or json, got %q", c.logFormat)
-	}
-	for _, d := range []struct {
-		name  string
-		value time.Duration
-	}{{"read-header-timeout", c.readHeaderTimeout}, {"read-timeout", c.readTimeout}, {"write-timeout", c.writeTimeout}, {"idle-timeout", c.idleTimeout}} {
-		if d.value <= 0 {
-			return c, fmt.Errorf("-%s (%s) must be a positive duration such as 5s or 1m30s, got %s", d.name, envName(d.name), d.value)
-		}
 	}
 	for _, o := range strings.FieldsFunc(origins, func(r rune) bool { return r == ',' || r == ' ' }) {
 		// An address copied from a browser's bar ends in "/", and an
@@ -256,11 +227,11 @@ func envName(name string) string {
 	return "PETSTORE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
-// parseArgs sets each flag of fs from its variable, if set, then adds
-// the flags that have none (more), and parses args, so that a flag wins
-// over its variable. -h prints usage and the flags to stdout, and an
-// error points to -h.
-func parseArgs(fs *flag.FlagSet, args []string, getenv func(string) string, stdout io.Writer, usage string, more func()) error {
+// parseArgs sets each flag of fs from its variable, if set, then parses
+// args, so that a flag wins over its variable. -h prints usage and the
+// flags to stdout, and an error points to -h. A duration must be
+// positive.
+func parseArgs(fs *flag.FlagSet, args []string, getenv func(string) string, stdout io.Writer, usage string) error {
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		f.Usage += " (env " + envName(f.Name) + ")"
@@ -273,15 +244,19 @@ func parseArgs(fs *flag.FlagSet, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
-	more()
 	fs.SetOutput(io.Discard)
-	err = fs.Parse(args)
-	if errors.Is(err, flag.ErrHelp) {
+	if err = fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintf(stdout, "Usage: %s\n\nFlags:\n", usage)
 		fs.SetOutput(stdout)
 		fs.PrintDefaults()
+		return err
 	} else if err != nil {
 		return fmt.Errorf("%w (-h lists the flags)", err)
 	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if d, ok := f.Value.(flag.Getter).Get().(time.Duration); ok && d <= 0 && err == nil {
+			err = fmt.Errorf("-%s (%s) must be a positive duration such as 5s or 1m30s, got %s", f.Name, envName(f.Name), d)
+		}
+	})
 	return err
 }

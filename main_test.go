@@ -71,10 +71,6 @@ func TestRunFailures(t *testing.T) {
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 || string(out) != "petstore: -log-format (PETSTORE_LOG_FORMAT) must be text or json, got \"xml\"\n" {
 		t.Errorf("exit %v, output %q", err, out)
 	}
-	// -version names the module's version and the revision built.
-	if out, err := exec.Command(path, "-version").Output(); err != nil || !regexp.MustCompile(`^petstore \S+ \(revision \S+\)\n$`).Match(out) {
-		t.Errorf("-version: %v %q", err, out)
-	}
 }
 
 // writeCertificate writes a self-signed certificate for 127.0.0.1 and

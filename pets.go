@@ -1,21 +1,25 @@
-// The API: the pets, the route table, and the handlers with the parsing
-// of what a client sends.
+// The HTTP surface: the pets, the route table, the middleware that every
+// request meets, and the handlers with the parsing of what a client sends.
 
 package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
+	mathrand "math/rand/v2"
 	"mime"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,46 +71,33 @@ type server struct {
 // handler answers a request, or returns the error to answer it with.
 type handler func(http.ResponseWriter, *http.Request) error
 
-// newHandler is the service's whole HTTP surface: the routes, a JSON 405
-// with Allow for the other methods on their paths, and a JSON 404 for
-// every other path, inside the middleware every answer goes through.
+// newHandler is the service's whole HTTP surface, inside the middleware
+// that every answer goes through: the routes, a JSON 405 with Allow for
+// another method on a known path, and a JSON 404 for any other path.
+// Under /v1 the key is checked first, even for a path that does not
+// exist. The mux picks the most specific pattern, whatever the order.
 func newHandler(s *server, corsOrigins []string) http.Handler {
-	routes := []struct {
-		method, path       string
-		handler            handler
-		public, deprecated bool
-	}{
-		{"GET", "/{$}", serveIndex, true, false},
-		{"GET", "/healthz", s.health, true, false},
-		{"GET", "/openapi.json", serveDocument("application/json"), true, false},
-		{"GET", "/openapi.yaml", serveDocument("application/yaml"), true, false},
-		{"GET", "/v1/pets", s.listPets, false, false},
-		{"POST", "/v1/pets", s.createPet, false, false},
-		{"GET", "/v1/pets/{petId}", s.getPet, false, true},
-		{"GET", "/v1/store/orders", listOrders, false, false},
-	}
 	mux := http.NewServeMux()
-	allow := map[string][]string{} // a path's methods
-	for _, r := range routes {
-		mux.Handle(r.method+" "+r.path, s.wrap(r.handler, r.public, r.deprecated))
-		allow[r.path] = append(allow[r.path], r.method)
-		if r.method == "GET" {
-			allow[r.path] = append(allow[r.path], "HEAD") // a GET route serves HEAD too
-		}
+	handle := func(pattern string, h handler, public, deprecated bool) {
+		mux.Handle(pattern, s.wrap(h, public, deprecated))
 	}
-	// A pattern without a method answers a path's other methods. The mux
-	// picks the most specific pattern, whatever the order.
-	for _, r := range routes {
-		if methods, ok := allow[r.path]; ok {
-			delete(allow, r.path)
-			slices.Sort(methods)
-			mux.Handle(r.path, s.wrap(methodNotAllowed(strings.Join(methods, ", ")), r.public, r.deprecated))
-		}
+	handle("GET /{$}", serveIndex, true, false)
+	handle("GET /healthz", s.health, true, false)
+	handle("GET /openapi.json", serveDocument("application/json"), true, false)
+	handle("GET /openapi.yaml", serveDocument("application/yaml"), true, false)
+	handle("GET /v1/pets", s.listPets, false, false)
+	handle("POST /v1/pets", s.createPet, false, false)
+	handle("GET /v1/pets/{petId}", s.getPet, false, true)
+	handle("GET /v1/store/orders", listOrders, false, false)
+	for _, path := range []string{"/{$}", "/healthz", "/openapi.json", "/openapi.yaml"} {
+		handle(path, methodNotAllowed("GET, HEAD"), true, false)
 	}
-	// Under /v1 a key comes first, even for a path that does not exist.
-	mux.Handle("/v1", s.wrap(notFound, false, false))
-	mux.Handle("/v1/", s.wrap(notFound, false, false))
-	mux.Handle("/", s.wrap(notFound, true, false))
+	handle("/v1/pets", methodNotAllowed("GET, HEAD, POST"), false, false)
+	handle("/v1/pets/{petId}", methodNotAllowed("GET, HEAD"), false, true)
+	handle("/v1/store/orders", methodNotAllowed("GET, HEAD"), false, false)
+	handle("/v1/", notFound, false, false)
+	handle("/v1", notFound, false, false)
+	handle("/", notFound, true, false)
 	return withMiddleware(s.log, corsOrigins, mux)
 }
 
@@ -140,6 +131,113 @@ func methodNotAllowed(allow string) handler {
 	}
 }
 
+// withMiddleware wraps the mux in what every request meets.
+func withMiddleware(log *slog.Logger, origins []string, mux http.Handler) http.Handler {
+	return logRequests(log, recoverPanics(log, cors(origins, mux)))
+}
+
+// statusRecorder remembers an answer's status for the access line.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusRecorder) WriteHeader(status int) {
+	w.status = cmp.Or(w.status, status)
+	w.ResponseWriter.WriteHeader(status)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// clientRequestID is an X-Request-Id that is kept as the client sent it.
+// It cannot forge or bloat a log line.
+var clientRequestID = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+
+// logRequests marks every answer as not to be cached or sniffed, and
+// gives it an id: the client's X-Request-Id if clientRequestID matches
+// it, else a new one. Once the request is answered, it writes the access
+// line: the path without the query, status 0 for a client that left
+// unanswered, and the key that was accepted, by the first 8 hex digits
+// of its digest.
+func logRequests(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start, id := time.Now(), r.Header.Get("X-Request-Id")
+		if !clientRequestID.MatchString(id) {
+			id = strconv.FormatUint(mathrand.Uint64()|1<<63, 16) // unique enough to find in a log; not a secret
+		}
+		h := w.Header()
+		h.Set("Cache-Control", "no-store")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Request-Id", id)
+		rec, accepted := &statusRecorder{ResponseWriter: w}, new(keyDigest)
+		defer func() { // also for an answer aborted with http.ErrAbortHandler
+			keyID := ""
+			if *accepted != (keyDigest{}) {
+				keyID = hex.EncodeToString(accepted[:4])
+			}
+			log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", id), slog.String("method", r.Method), slog.String("path", r.URL.Path),
+				slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)), slog.String("key_id", keyID))
+		}()
+		next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), callerKey{}, accepted)))
+	})
+}
+
+// recoverPanics turns a handler's panic into a logged JSON 500, not
+// net/http's dropped connection.
+func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v == http.ErrAbortHandler {
+				panic(v) // net/http's own way to abort an answer
+			} else if v != nil {
+				writeError(w, r, log, fmt.Errorf("panic in handler: %v", v))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// cors lets a back-office page on one of origins call the API and read
+// the answers' headers. A preflight carries no credentials, so it is
+// answered here, before the key check. For another origin the answer has
+// no CORS headers, and browsers then refuse it.
+func cors(origins []string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		origin, h := r.Header.Get("Origin"), w.Header()
+		allowed := slices.Contains(origins, origin)
+		if origin != "" {
+			h.Add("Vary", "Origin")
+		}
+		if allowed {
+			h.Set("Access-Control-Allow-Origin", origin)
+			h.Set("Access-Control-Expose-Headers", "Link, Location, Retry-After, X-Request-Id, Deprecation, Sunset, Idempotent-Replayed, WWW-Authenticate")
+		}
+		if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+			if allowed {
+				h.Set("Access-Control-Allow-Methods", "GET, POST")
+				h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, Idempotency-Key, X-Request-Id")
+				h.Set("Access-Control-Max-Age", "600")
+			}
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// deprecate marks every answer of getPet deprecated, with its removal
+// date and the operation that replaces it. The link is relative to
+// /v1/pets/{petId}, so that it holds under any path prefix.
+func deprecate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Deprecation", getPetDeprecation)
+		w.Header().Set("Sunset", getPetSunset)
+		w.Header().Set("Link", `<../pets>; rel="successor-version"`)
+		next.ServeHTTP(w, r)
+	})
+}
+
 // serveIndex answers GET / with where things are. The links are relative
 // to the request, so that they hold under any domain and path prefix.
 func serveIndex(w http.ResponseWriter, r *http.Request) error {
@@ -170,14 +268,12 @@ var openapiDocument []byte
 func serveDocument(mediaType string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", mediaType)
-		w.Header().Set("Content-Length", strconv.Itoa(len(openapiDocument)))
-		w.WriteHeader(http.StatusOK)
-		w.Write(openapiDocument)
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(openapiDocument))
 		return nil
 	}
 }
 
-// listOrders stands for GET /store/orders, which the specification names
+// listOrders answers GET /v1/store/orders, which the specification names
 // but does not describe.
 func listOrders(w http.ResponseWriter, r *http.Request) error {
 	return errorf(http.StatusNotImplemented, "not_implemented", "GET /v1/store/orders is named by the specification but not specified, so it is not implemented")
@@ -353,14 +449,9 @@ func decodeNewPet(body []byte) (NewPet, error) {
 		return NewPet{}, errors.New("request body must be a JSON object")
 	}
 	var members map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(body))
 	var syntax *json.SyntaxError
-	if err := dec.Decode(&members); errors.As(err, &syntax) {
+	if err := json.Unmarshal(body, &members); errors.As(err, &syntax) {
 		return NewPet{}, fmt.Errorf("request body is not valid JSON: %v (at byte %d)", err, syntax.Offset)
-	} else if err != nil {
-		return NewPet{}, errors.New("request body is not valid JSON: it ends before the object is complete")
-	} else if _, err := dec.Token(); err != io.EOF {
-		return NewPet{}, errors.New("request body has data after the JSON object; send exactly one object")
 	}
 	var problems []string
 	names := memberNames(body)
@@ -375,14 +466,8 @@ func decodeNewPet(body []byte) (NewPet, error) {
 		}
 	}
 	pet := NewPet{Status: petStatuses[0]}
-	for _, problem := range []string{nameProblem(members["name"], &pet.Name), categoryProblem(members["categoryId"], &pet.CategoryID), statusProblem(members["status"], &pet.Status)} {
-		if problem != "" {
-			problems = append(problems, problem)
-		}
-	}
-	if len(problems) > 10 { // thousands of unknown fields fit in 16 KiB
-		problems = append(problems[:10], fmt.Sprintf("and %d more problems", len(problems)-10))
-	}
+	problems = append(problems, nameProblem(members["name"], &pet.Name), categoryProblem(members["categoryId"], &pet.CategoryID), statusProblem(members["status"], &pet.Status))
+	problems = slices.DeleteFunc(problems, func(p string) bool { return p == "" })
 	if len(problems) > 0 {
 		return NewPet{}, errors.New(strings.Join(problems, "; "))
 	}

@@ -40,46 +40,34 @@ func setUpConnection(c *sqlite3.SQLiteConn) error {
 }
 
 // sqliteFault tells which storage fault an error of SQLite's is, if any.
+// The system's errno says more than SQLite's code: a write refused for an
+// immutable file is SQLITE_IOERR_WRITE with EPERM. A failed fsync is an
+// I/O error whatever its errno, because the pages it should have written
+// may be lost.
 func sqliteFault(err error) (faultKind, bool) {
 	var e sqlite3.Error
 	if !errors.As(err, &e) {
 		return "", false
 	}
-	// The system's errno says more than SQLite's code: a write refused
-	// for an immutable file is SQLITE_IOERR_WRITE with EPERM. A failed
-	// fsync is an I/O error whatever its errno, because the pages it
-	// should have written may be lost.
-	fsync := e.ExtendedCode == sqlite3.ErrIoErrFsync || e.ExtendedCode == sqlite3.ErrIoErrDirFsync
-	if kind, ok := classifyErrno(e.SystemErrno); ok && !fsync {
-		return kind, true
-	}
-	switch e.Code {
-	case sqlite3.ErrFull:
+	errno := e.SystemErrno
+	switch {
+	case e.ExtendedCode == sqlite3.ErrIoErrFsync || e.ExtendedCode == sqlite3.ErrIoErrDirFsync:
+		return faultIO, true
+	case errno == syscall.ENOSPC || errno == syscall.EDQUOT || e.Code == sqlite3.ErrFull:
 		return faultDiskFull, true
-	case sqlite3.ErrReadonly, sqlite3.ErrPerm, sqlite3.ErrCantOpen:
+	case errno == syscall.EMFILE || errno == syscall.ENFILE:
+		return faultTooManyFiles, true
+	case errno == syscall.EROFS || errno == syscall.EPERM || errno == syscall.EACCES:
+		return faultReadOnly, true
+	case errno == syscall.EIO || e.Code == sqlite3.ErrIoErr:
+		return faultIO, true
+	case e.Code == sqlite3.ErrReadonly || e.Code == sqlite3.ErrPerm || e.Code == sqlite3.ErrCantOpen:
 		// CANTOPEN: SQLite could not make the -wal or the -shm.
 		return faultReadOnly, true
-	case sqlite3.ErrIoErr:
-		return faultIO, true
-	case sqlite3.ErrBusy, sqlite3.ErrLocked:
+	case e.Code == sqlite3.ErrBusy || e.Code == sqlite3.ErrLocked:
 		return faultLocked, true
-	case sqlite3.ErrCorrupt, sqlite3.ErrNotADB:
+	case e.Code == sqlite3.ErrCorrupt || e.Code == sqlite3.ErrNotADB:
 		return faultDamaged, true
-	}
-	return "", false
-}
-
-// classifyErrno maps the system errors that mean a storage fault.
-func classifyErrno(errno syscall.Errno) (faultKind, bool) {
-	switch errno {
-	case syscall.ENOSPC, syscall.EDQUOT:
-		return faultDiskFull, true
-	case syscall.EROFS, syscall.EPERM, syscall.EACCES:
-		return faultReadOnly, true
-	case syscall.EMFILE, syscall.ENFILE:
-		return faultTooManyFiles, true
-	case syscall.EIO:
-		return faultIO, true
 	}
 	return "", false
 }

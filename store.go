@@ -155,17 +155,9 @@ func (s *store) open(path string) (err error) {
 		return err
 	}
 	if version < len(migrations) {
-		// A damaged file is not written on.
-		if err := quickCheck(s.readers); err != nil {
-			return err
-		}
 		if err := migrate(s.writer, version); err != nil {
 			return err
 		}
-	} else {
-		// The check reads every page, so a large file is checked while
-		// the service already answers.
-		go func() { s.fault(quickCheck(s.readers)) }()
 	}
 	prepare := func(db *sql.DB, query string) *sql.Stmt {
 		st, prepErr := db.Prepare(query)
@@ -200,18 +192,6 @@ func (s *store) openReaders() error {
 		if err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// quickCheck runs SQLite's quick_check, which reads every page, and
-// returns what it found wrong as a damaged file.
-func quickCheck(db *sql.DB) error {
-	var result string
-	if err := db.QueryRow("PRAGMA quick_check(1)").Scan(&result); err != nil {
-		return err
-	} else if result != "ok" {
-		return &storageError{faultDamaged, errors.New("quick_check: " + result)}
 	}
 	return nil
 }
@@ -259,37 +239,42 @@ func migrate(db *sql.DB, version int) error {
 	return nil
 }
 
-// createRequest is one create on its way to the writer loop.
+// createRequest is one create on its way to the writer loop, and its
+// outcome, which the loop sets before it closes done.
 type createRequest struct {
 	ctx   context.Context // once it is done, the pet is not stored
 	pet   NewPet
 	key   string // the Idempotency-Key, "" for none
 	scope []byte // the API key's idempotencyScope
-	done  chan createResult
-}
+	probe bool   // a health check's write, in place of the pet
+	done  chan struct{}
 
-// createResult is the writer loop's answer to one create.
-type createResult struct {
-	pet      Pet
+	stored   Pet
 	replayed bool
 	err      error
 }
 
 // createPet stores the pet and returns it with its id once it is
 // committed. With an Idempotency-Key already used for the same pet, it
-// returns that pet and replayed. If the storage fails during the commit,
-// it never returns, because nobody knows whether the pet was stored.
+// returns that pet and replayed.
 func (s *store) createPet(ctx context.Context, pet NewPet, key string, scope []byte) (Pet, bool, error) {
-	c := &createRequest{ctx: ctx, pet: pet, key: key, scope: scope, done: make(chan createResult, 1)}
+	return s.send(&createRequest{ctx: ctx, pet: pet, key: key, scope: scope})
+}
+
+// send hands c to the writer loop and returns its outcome. If the
+// storage fails during its commit, it never returns, because nobody
+// knows whether c was stored.
+func (s *store) send(c *createRequest) (Pet, bool, error) {
+	c.done = make(chan struct{})
 	select {
 	case s.creates <- c:
-	case <-ctx.Done():
-		return Pet{}, false, notStored(ctx.Err())
+	case <-c.ctx.Done():
+		return Pet{}, false, notStored(c.ctx.Err())
 	case <-s.loopDone:
 		return Pet{}, false, &storageError{faultStopping, errors.New("no more pets are stored")}
 	}
-	r := <-c.done
-	return r.pet, r.replayed, r.err
+	<-c.done
+	return c.stored, c.replayed, c.err
 }
 
 // writeLoop owns the writer connection. It commits the queued creates in
@@ -355,52 +340,43 @@ func (s *store) checkpoint() error {
 // commit stores a batch and answers each of its creates. When the
 // storage fails, it answers none and returns false.
 func (s *store) commit(batch []*createRequest) bool {
-	results := make([]createResult, len(batch))
-	err := s.fault(s.insertBatch(batch, results))
-	_, isFault := classifyFault(err)
-	switch {
-	case isFatal(err):
+	err := s.fault(s.insertBatch(batch))
+	if isFatal(err) {
 		return false
-	case err != nil && !isFault && len(batch) > 1:
-		// SQLite refused one create, by an operator's trigger or a
-		// constraint. It must not fail its neighbours, so each is tried
-		// again alone.
-		for _, c := range batch {
-			if !s.commit([]*createRequest{c}) {
-				return false
-			}
-		}
-		return true
-	case err == nil || isFault:
-		s.lastWrite.Store(&writeOutcome{time.Now(), err})
-	case isConstraint(err):
-		err = &refusedError{err}
 	}
-	for i, c := range batch {
-		if err != nil && results[i].err == nil {
-			results[i] = createResult{err: err}
+	if err == nil || asFault(err) != nil {
+		s.lastWrite.Store(&writeOutcome{time.Now(), err})
+	}
+	for _, c := range batch {
+		if err != nil && c.err == nil {
+			c.err = err
 		}
-		c.done <- results[i]
+		close(c.done)
 	}
 	return true
 }
 
-// insertBatch inserts a batch in one transaction and fills in results.
-// An error means nothing was stored. The statements run without the
-// clients' contexts, because one client leaving must not abort the
+// insertBatch inserts a batch in one transaction and sets each create's
+// outcome. An error means nothing was stored. The statements run without
+// the clients' contexts, because one client leaving must not abort the
 // others' inserts.
-func (s *store) insertBatch(batch []*createRequest, results []createResult) error {
+func (s *store) insertBatch(batch []*createRequest) error {
 	tx, err := s.writer.Begin()
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	for i, c := range batch {
+	for _, c := range batch {
 		// This runs with the write lock held. A create whose client left,
 		// or whose deadline passed, before its insert is not stored.
-		if err := c.ctx.Err(); err != nil {
-			results[i].err = notStored(err)
-		} else if results[i], err = s.insertPet(tx, c); err != nil {
+		if c.err = notStored(c.ctx.Err()); c.err != nil {
+			continue
+		}
+		// A create that a rule of the file refuses, such as an operator's
+		// trigger, fails alone: SQLite undoes only its statement.
+		if err := s.insertPet(tx, c); isConstraint(err) {
+			c.err = &refusedError{err}
+		} else if err != nil {
 			return err
 		}
 	}
@@ -410,33 +386,43 @@ func (s *store) insertBatch(batch []*createRequest, results []createResult) erro
 // insertPet does one create in the batch's transaction. The key's lookup
 // and the insert share it, so that two creates with one key store one
 // pet, even in one batch.
-func (s *store) insertPet(tx *sql.Tx, c *createRequest) (createResult, error) {
+func (s *store) insertPet(tx *sql.Tx, c *createRequest) error {
 	var key, scope, fingerprint any // NULL without an Idempotency-Key
 	if c.key != "" {
 		// The fingerprint is of the pet after defaults. A name never holds NUL.
 		sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%s", c.pet.Name, c.pet.CategoryID, c.pet.Status))
-		var p Pet
+		p := &c.stored
 		var stored []byte
 		err := tx.Stmt(s.findKey).QueryRow(c.scope, c.key).Scan(&p.ID, &p.Name, &p.CategoryID, &p.Status, &stored)
 		switch {
 		case err == nil && bytes.Equal(stored, sum[:]):
-			return createResult{pet: p, replayed: true}, nil
+			c.replayed = true
+			return nil
 		case err == nil:
-			return createResult{err: errIdempotencyKeyReused}, nil
+			c.err = errIdempotencyKeyReused
+			return nil
 		case !errors.Is(err, sql.ErrNoRows):
-			return createResult{}, err
+			return err
 		}
 		key, scope, fingerprint = c.key, c.scope, sum[:]
 	}
-	res, err := tx.Stmt(s.insert).Exec(c.pet.Name, c.pet.CategoryID, c.pet.Status, key, scope, fingerprint)
+	var res sql.Result
+	var err error
+	if c.probe {
+		res, err = tx.Exec(probeWrite)
+	} else {
+		res, err = tx.Stmt(s.insert).Exec(c.pet.Name, c.pet.CategoryID, c.pet.Status, key, scope, fingerprint)
+	}
 	if err != nil {
-		return createResult{}, err
+		return err
 	}
 	if n, _ := res.RowsAffected(); n != 1 { // an operator's trigger's RAISE(IGNORE)
-		return createResult{err: &refusedError{errors.New("a rule of the file dropped it without a word")}}, nil
+		c.err = &refusedError{errors.New("a rule of the file dropped it without a word")}
+		return nil
 	}
-	id, err := res.LastInsertId()
-	return createResult{pet: Pet{ID: id, NewPet: c.pet}}, err
+	c.stored = Pet{NewPet: c.pet}
+	c.stored.ID, err = res.LastInsertId()
+	return err
 }
 
 // listPets returns up to limit pets with an id above after, of status
@@ -444,13 +430,11 @@ func (s *store) insertPet(tx *sql.Tx, c *createRequest) (createResult, error) {
 // go-sqlite3 watches a query's context with a goroutine of its own, and a
 // page is read in well under a millisecond.
 func (s *store) listPets(status string, after int64, limit int) ([]Pet, error) {
-	var rows *sql.Rows
-	var err error
-	if status == "" {
-		rows, err = s.listAll.Query(after, limit)
-	} else {
-		rows, err = s.listStatus.Query(status, after, limit)
+	stmt, args := s.listAll, []any{after, limit}
+	if status != "" {
+		stmt, args = s.listStatus, []any{status, after, limit}
 	}
+	rows, err := stmt.Query(args...)
 	if err != nil {
 		return nil, s.fault(err)
 	}
@@ -477,7 +461,7 @@ func (s *store) getPet(id int64) (Pet, error) {
 }
 
 // health returns nil while a pet can be both read and stored. The last
-// commit, a create's or a probe's, tells whether a pet can be stored for
+// commit, of creates or of a probe, tells whether a pet can be stored for
 // a second, so that a flood of checks costs at most one probe a second.
 func (s *store) health() error {
 	if _, err := s.listPets("", 0, 1); err != nil {
@@ -488,57 +472,37 @@ func (s *store) health() error {
 	if last := s.lastWrite.Load(); last != nil && time.Since(last.at) < time.Second {
 		return last.err
 	}
-	err := s.fault(s.probe())
-	s.lastWrite.Store(&writeOutcome{time.Now(), err})
+	// It takes no client's context, because one client leaving must not
+	// be every check's answer.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _, err := s.send(&createRequest{ctx: ctx, probe: true})
+	if errors.As(err, new(*refusedError)) {
+		err = &storageError{faultRefused, err}
+		s.lastWrite.Store(&writeOutcome{time.Now(), err})
+	}
 	return err
 }
 
 // probeWrite writes what a create writes, a longest name and a key,
 // because a smaller write could fit on a disk where a create does not,
 // and deletes it. Its id is 0, which no create gets, so that it consumes
-// no id.
+// no id. It is done when the delete counts one row.
 const probeWrite = `INSERT INTO pets (id, name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
 	VALUES (0, printf('%.100c', 'p'), 1, 'available', 'petstore-probe', x'00', x'00'); DELETE FROM pets WHERE id = 0`
-
-// probe commits probeWrite within 5 s. It takes no client's context,
-// because one client leaving must not be every check's answer.
-func (s *store) probe() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	tx, err := s.writer.BeginTx(ctx, nil)
-	if err == nil {
-		defer tx.Rollback()
-		var res sql.Result
-		if res, err = tx.ExecContext(ctx, probeWrite); err == nil {
-			if n, _ := res.RowsAffected(); n != 1 { // an operator's trigger's RAISE(IGNORE)
-				return &storageError{faultRefused, errors.New("the probe's row was dropped")}
-			}
-			err = tx.Commit()
-		}
-	}
-	switch {
-	case err != nil && ctx.Err() != nil:
-		return &storageError{faultNotAnswering, err}
-	case isConstraint(err):
-		return &storageError{faultRefused, err}
-	}
-	return err
-}
 
 // fault returns err as a *storageError when the storage is at fault,
 // and other errors as they are. An I/O error or a damaged file closes
 // s.failed, once.
 func (s *store) fault(err error) error {
-	kind, ok := classifyFault(err)
-	if !ok {
+	f := asFault(err)
+	if f == nil {
 		return err
 	}
-	se := &storageError{kind, err}
-	errors.As(err, &se) // one already made is kept
-	if isFatal(se) {
-		s.failOnce.Do(func() { s.failure = se; close(s.failed) })
+	if isFatal(f) {
+		s.failOnce.Do(func() { s.failure = f; close(s.failed) })
 	}
-	return se
+	return f
 }
 
 // close stops the writer loop after the commit under way and closes the

@@ -154,7 +154,7 @@ func TestHeldBehindALock(t *testing.T) {
 	defer lock.Close()
 	_, err = lock.ExecContext(context.Background(), "BEGIN IMMEDIATE")
 	must(t, err)
-	held := &createRequest{ctx: context.Background(), pet: NewPet{Name: "Held", CategoryID: 1, Status: "available"}, done: make(chan createResult, 1)}
+	held := &createRequest{ctx: context.Background(), pet: NewPet{Name: "Held", CategoryID: 1, Status: "available"}, done: make(chan struct{})}
 	st.creates <- held // taken (the channel is unbuffered)
 	waitFor(t, "the writer to wait for the lock", func() bool { return st.writer.Stats().InUse == 1 })
 	request := "POST /v1/pets HTTP/1.1\r\nHost: petstore\r\nAuthorization: Bearer " + testKey + "\r\nContent-Length: 30\r\n\r\n{\"name\":\"Left\",\"categoryId\":1}"
@@ -165,8 +165,9 @@ func TestHeldBehindALock(t *testing.T) {
 		t.Errorf("no access line of status 0 for the create not answered:\n%s", lines)
 	}
 	(&service{url: ts.URL}).check(t, call{method: "POST", path: "/v1/pets", body: `{"name":"Queued","categoryId":1}`}, reply{503, map[string]string{"Retry-After": "1"}, errorBody(503, "unavailable", string(faultTimedOut))})
-	if kind, _ := classifyFault((<-held.done).err); kind != faultLocked {
-		t.Errorf("the create the writer held: %q, want %q", kind, faultLocked)
+	<-held.done
+	if f := asFault(held.err); f == nil || f.kind != faultLocked {
+		t.Errorf("the create the writer held: %v, want %q", f, faultLocked)
 	}
 	lock.ExecContext(context.Background(), "ROLLBACK")
 	var stored int
@@ -191,14 +192,14 @@ func TestRefusedCreateSparesItsBatch(t *testing.T) {
 	defer cancel()
 	var batch []*createRequest
 	for _, name := range []string{"Dog", "Cat", "Dog", "Ghost", "Late", "Dog"} {
-		batch = append(batch, &createRequest{ctx: context.Background(), pet: NewPet{Name: name, CategoryID: 1, Status: "available"}, done: make(chan createResult, 1)})
+		batch = append(batch, &createRequest{ctx: context.Background(), pet: NewPet{Name: name, CategoryID: 1, Status: "available"}, done: make(chan struct{})})
 	}
 	batch[4].ctx = late
 	st.commit(batch)
 	var got []string
 	for _, c := range batch {
-		r := <-c.done
-		got = append(got, fmt.Sprintf("%d %s %v", r.pet.ID, r.pet.Name, r.err))
+		<-c.done
+		got = append(got, fmt.Sprintf("%d %s %v", c.stored.ID, c.stored.Name, c.err))
 	}
 	want := []string{"1 Dog <nil>", "0  the database refused this pet: no cats here", "2 Dog <nil>", "0  the database refused this pet: a rule of the file dropped it without a word", "0  " + string(faultTimedOut) + ": context deadline exceeded", "3 Dog <nil>"}
 	if diff := cmp.Diff(want, got); diff != "" {
