@@ -1,7 +1,7 @@
 package main
 
 import (
-		"errors"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
