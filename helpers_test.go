@@ -34,6 +34,7 @@ type service struct {
 	stop    func() error // as SIGTERM; the error run returned, or the exit's
 	exit    func() error // the binary's exit, once it stops by itself
 	cmd     *exec.Cmd    // the binary's process; nil in-process
+	client  *http.Client // nil for http.DefaultClient
 }
 
 // logLines is a service's stderr, safe to read while it is written.
@@ -213,7 +214,11 @@ func (svc *service) send(t testing.TB, c call) (reply, http.Header) {
 			req.Header.Set(k, v)
 		}
 	}
-	resp, err := http.DefaultClient.Do(req)
+	client := http.DefaultClient
+	if svc.client != nil {
+		client = svc.client
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return reply{body: err.Error()}, http.Header{}
 	}

@@ -9,12 +9,15 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +28,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // TestRunFailures: each mistake of configuration stops the start with one
@@ -241,5 +246,131 @@ func TestWithoutCgo(t *testing.T) {
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 2 || string(out) != needsCgo+"\n" {
 		t.Errorf("exit %v, output %q; want exit status 2 and %q", err, out, needsCgo+"\n")
+	}
+}
+
+// TestFewDescriptors: at a limit of 96 descriptors, set once the service
+// has started, 200 clients each on a connection of its own send 20 lists
+// each, and every answer is 200. A client waits for a descriptor; no read
+// runs out of one.
+func TestFewDescriptors(t *testing.T) {
+	prlimit := needTool(t, "prlimit", "apt-get install util-linux")
+	svc := startBinary(t, nil)
+	createPets(t, svc, `{"name":"Rex","categoryId":1}`)
+	if out, err := exec.Command(prlimit, "--pid", strconv.Itoa(svc.cmd.Process.Pid), "--nofile=96:96").CombinedOutput(); err != nil {
+		t.Fatalf("prlimit: %v %s", err, out)
+	}
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := &http.Client{Transport: &http.Transport{}} // a connection of its own
+			defer client.CloseIdleConnections()
+			for range 20 {
+				req, _ := http.NewRequest("GET", svc.url+"/v1/pets?limit=1", nil)
+				req.Header.Set("Authorization", "Bearer "+testKey)
+				status := 0
+				if resp, err := client.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					status = resp.StatusCode
+				}
+				mu.Lock()
+				statuses[status]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if diff := cmp.Diff(map[int]int{200: 4000}, statuses); diff != "" {
+		t.Errorf("answers by status at 96 descriptors (-want +got):\n%s", diff)
+	}
+}
+
+// TestBehindCaddy runs the repository's Caddyfile in front of the service
+// under the path prefix /shop, with TLS from Caddy's own CA. Each link,
+// resolved against the URL it came from, stays under the prefix: the next
+// pages return every pet once, a create's Location returns that pet, and
+// getPet's successor link returns a list. The same walk straight to the
+// service returns every pet too. fail2ban's filter, on Caddy's access log,
+// bans the address of the client that sent a wrong key, and no key is
+// logged.
+func TestBehindCaddy(t *testing.T) {
+	caddy := needTool(t, "caddy", "apt-get install caddy")
+	fail2ban := needTool(t, "fail2ban-regex", "apt-get install fail2ban")
+	svc := startService(t, nil)
+	createPets(t, svc, `{"name":"Rex","categoryId":1}`, `{"name":"Tom","categoryId":2}`, `{"name":"Luna","categoryId":3}`, `{"name":"Max","categoryId":4}`, `{"name":"Kit","categoryId":5}`)
+	here, err := os.Getwd()
+	must(t, err)
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	free.Close()
+	dir, proxy := t.TempDir(), &service{url: "https://" + free.Addr().String() + "/shop"}
+	must(t, os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte("{\n\tadmin off\n\tskip_install_trust\n}\nimport "+filepath.Join(here, "Caddyfile")+"\n"), 0o600))
+	cmd := exec.Command(caddy, "run", "--adapter", "caddyfile", "--config", filepath.Join(dir, "Caddyfile"))
+	cmd.Env = []string{"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir, "PETSTORE_SITE=https://" + free.Addr().String(), "PETSTORE_PREFIX=/shop",
+		"PETSTORE_UPSTREAM=" + strings.TrimPrefix(svc.url, "http://"), "PETSTORE_ACCESS_LOG=" + filepath.Join(dir, "access.log")}
+	must(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var root []byte
+	waitFor(t, "Caddy's CA", func() bool {
+		root, _ = os.ReadFile(filepath.Join(dir, "caddy", "pki", "authorities", "local", "root.crt"))
+		return root != nil
+	})
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(root)
+	proxy.client = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	waitFor(t, "Caddy to serve", func() bool { got, _ := proxy.send(t, call{method: "GET", path: "/healthz"}); return got.status == 200 })
+	// follow resolves a link in header against the URL of the request
+	// that got it, and returns its path below base's URL.
+	follow := func(base *service, from, header string) string {
+		reference := "" // no link: the page itself
+		if m := regexp.MustCompile(`^<([^>]+)>; rel="(next|successor-version)"$`).FindStringSubmatch(header); m != nil {
+			reference = m[1]
+		}
+		u, err := url.Parse(base.url + from)
+		must(t, err)
+		ref, err := url.Parse(reference)
+		must(t, err)
+		return strings.TrimPrefix(u.ResolveReference(ref).String(), base.url)
+	}
+	for _, base := range []*service{proxy, svc} {
+		var ids []int64
+		for path, next := "", "/v1/pets?limit=2"; next != path; {
+			path = next
+			got, header := base.send(t, call{method: "GET", path: path})
+			var pets []Pet
+			must(t, json.Unmarshal([]byte(got.body), &pets))
+			for _, p := range pets {
+				ids = append(ids, p.ID)
+			}
+			next = follow(base, path, header.Get("Link"))
+		}
+		if diff := cmp.Diff([]int64{1, 2, 3, 4, 5}, ids); diff != "" {
+			t.Errorf("the pets walked from %s (-want +got):\n%s", base.url, diff)
+		}
+	}
+	created, header := proxy.send(t, call{method: "POST", path: "/v1/pets", body: `{"name":"Nala","categoryId":6}`})
+	location := follow(proxy, "/v1/pets", "<"+header.Get("Location")+">; rel=\"next\"")
+	header = proxy.check(t, call{method: "GET", path: location}, reply{200, nil, created.body})
+	successor := follow(proxy, location, header.Get("Link"))
+	if got, _ := proxy.send(t, call{method: "GET", path: successor}); location != "/v1/pets/6" || successor != "/v1/pets" || got.status != 200 {
+		t.Errorf("Location %s, then getPet's successor link %s: %d %s", location, successor, got.status, got.body)
+	}
+	// A wrong key from 127.0.0.55: fail2ban bans that address, not the
+	// proxy's.
+	proxy.client.Transport.(*http.Transport).DialContext = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 55)}}).DialContext
+	proxy.client.CloseIdleConnections()
+	proxy.check(t, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": "Bearer wrong-key-0000000000000"}}, reply{401, nil, errorBody(401, "unauthorized", "invalid API key")})
+	var banned []byte
+	waitFor(t, "Caddy's access line of the 401", func() bool {
+		banned, _ = exec.Command(fail2ban, "-o", "ip", filepath.Join(dir, "access.log"), filepath.Join(here, "fail2ban-petstore.conf")).Output()
+		return len(banned) > 0
+	})
+	if logged, _ := os.ReadFile(filepath.Join(dir, "access.log")); string(banned) != "127.0.0.55\n" || strings.Contains(string(logged), testKey) || strings.Contains(string(logged), "wrong-key") {
+		t.Errorf("fail2ban would ban %q, want 127.0.0.55; and no key may be logged:\n%s", banned, logged)
 	}
 }

@@ -98,7 +98,7 @@ func newHandler(s *server, corsOrigins []string) http.Handler {
 	handle("/v1/", notFound, false, false)
 	handle("/v1", notFound, false, false)
 	handle("/", notFound, true, false)
-	return withMiddleware(s.log, corsOrigins, mux)
+	return logRequests(s.log, recoverPanics(s.log, cors(corsOrigins, mux)))
 }
 
 // wrap makes h a handler whose error is answered. It is behind the key
@@ -129,11 +129,6 @@ func methodNotAllowed(allow string) handler {
 		w.Header().Set("Allow", allow)
 		return errorf(http.StatusMethodNotAllowed, "method_not_allowed", "method %s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow)
 	}
-}
-
-// withMiddleware wraps the mux in what every request meets.
-func withMiddleware(log *slog.Logger, origins []string, mux http.Handler) http.Handler {
-	return logRequests(log, recoverPanics(log, cors(origins, mux)))
 }
 
 // statusRecorder remembers an answer's status for the access line.

@@ -303,7 +303,8 @@ func TestPanicIsJSON(t *testing.T) {
 	log := &logLines{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(http.ResponseWriter, *http.Request) { panic("the cause") })
-	ts := httptest.NewServer(withMiddleware(newLogger(log, "text", slog.LevelInfo), nil, mux))
+	logger := newLogger(log, "text", slog.LevelInfo)
+	ts := httptest.NewServer(logRequests(logger, recoverPanics(logger, mux)))
 	defer ts.Close()
 	svc := &service{url: ts.URL}
 	svc.check(t, call{method: "GET", path: "/x", header: map[string]string{"X-Request-Id": "r-1"}}, reply{500, nil, errorBody(500, "internal_error", "internal error (request id r-1)")})

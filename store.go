@@ -50,12 +50,8 @@ const petstoreApplicationID = 0x50455453
 //     operator's sqlite3 holds.
 //   - _txlock=immediate takes the write lock when a transaction begins,
 //     so a create never fails halfway for want of it.
-//   - _mutex=no skips SQLite's own lock, because database/sql gives a
-//     connection to one goroutine at a time.
-//   - _cache_size=-4000 gives each connection 4 MB of page cache;
-//     BenchmarkMillionPets shows why.
 func dsn(path string) string {
-	return fileURI(path) + "?_journal_mode=WAL&_synchronous=FULL&_busy_timeout=5000&_txlock=immediate&_mutex=no&_cache_size=-4000"
+	return fileURI(path) + "?_journal_mode=WAL&_synchronous=FULL&_busy_timeout=5000&_txlock=immediate"
 }
 
 // fileURI is path in SQLite's "file:" form, escaped so that a '?' or '#'
