@@ -188,7 +188,7 @@ func TestSystemdUnits(t *testing.T) {
 	analyze := needTool(t, "systemd-analyze", "apt-get install systemd")
 	unit, err := os.ReadFile("petstore.service")
 	must(t, err)
-	for _, want := range []string{"ExecReload=/bin/kill -HUP $MAINPID", "LimitNOFILE=65536", "DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes"} {
+	for _, want := range []string{"ExecReload=/bin/kill -HUP $MAINPID", "LimitNOFILE=65536", "Restart=on-failure", "StartLimitBurst=5", "DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes"} {
 		if !bytes.Contains(unit, []byte("\n"+want+"\n")) {
 			t.Errorf("petstore.service lacks %s", want)
 		}
