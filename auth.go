@@ -1,6 +1,6 @@
-// API keys: where they come from, how a request's key is checked, and
-// keygen. The service holds only SHA-256 digests of keys, compares them
-// in constant time, and never logs or echoes a key.
+// API keys: where they come from, the bearer check, and keygen. The
+// service holds only keys' SHA-256 digests, compares them in constant
+// time, and never logs or echoes a key.
 
 package main
 
@@ -24,23 +24,20 @@ import (
 	"sync/atomic"
 )
 
-// keyDigest is the SHA-256 of an API key. A memory dump does not give
-// the key away, and every comparison is of two fixed-length values.
+// keyDigest is the SHA-256 of an API key.
 type keyDigest [sha256.Size]byte
 
 // digestOf is the digest of key.
 func digestOf(key string) keyDigest { return sha256.Sum256([]byte(key)) }
 
-// keyRing is the set of accepted keys and where they come from, the
-// PETSTORE_API_KEYS list and a keys file, which SIGHUP reads again. The
-// set is swapped whole, so that a request never sees half of one.
+// keyRing is the set of accepted keys, from the PETSTORE_API_KEYS list
+// and a keys file. reload swaps the set whole.
 type keyRing struct {
 	list, file string
 	digests    atomic.Pointer[[]keyDigest]
 }
 
-// newKeyRing loads the configured keys. With none, it holds none until
-// useKeyFile.
+// newKeyRing loads the configured keys, if any.
 func newKeyRing(list, file string) (*keyRing, error) {
 	k := &keyRing{list: list, file: file}
 	if list == "" && file == "" {
@@ -49,10 +46,8 @@ func newKeyRing(list, file string) (*keyRing, error) {
 	return k, k.reload()
 }
 
-// useKeyFile creates DB.key with a random key if no key is configured
-// and the file does not exist, and loads it as a keys file. It runs once
-// the database is open, so that a refused start leaves no key. Only the
-// file's name is logged.
+// useKeyFile, with no key configured, creates DB.key with a random key
+// unless it exists, and loads it as a keys file. Only its name is logged.
 func (k *keyRing) useKeyFile(db string, log *slog.Logger) error {
 	if k.list != "" || k.file != "" {
 		return nil
@@ -71,8 +66,8 @@ func (k *keyRing) useKeyFile(db string, log *slog.Logger) error {
 	return k.reload()
 }
 
-// reload reads the keys again. What does not load changes nothing.
-// Errors name the entry or the line, never the key.
+// reload reads the keys again. What does not load changes nothing, and
+// its error names the entry, never the key.
 func (k *keyRing) reload() error {
 	digests, err := parseKeys(k.list, ",", "PETSTORE_API_KEYS: key")
 	if err == nil && k.file != "" {
@@ -82,8 +77,7 @@ func (k *keyRing) reload() error {
 		}
 		fromFile, parseErr := parseKeys(string(data), "\n", "API keys file "+k.file+": line")
 		if err = parseErr; err == nil && len(fromFile) == 0 {
-			// All comments, or emptied by a > typed for >>, would lock
-			// every client out.
+			// as a > typed for >> leaves it; it would lock every client out
 			err = fmt.Errorf("API keys file %s holds no key", k.file)
 		}
 		digests = append(digests, fromFile...)
@@ -97,9 +91,8 @@ func (k *keyRing) reload() error {
 	return err
 }
 
-// parseKeys reads the keys in text, one per entry between seps. Blank
-// entries and # comments, a whole entry or after the key, are skipped.
-// where names the source in an error, before the entry's number.
+// parseKeys reads one key per entry of text, split at sep, after which
+// a # comment may follow. where names the source in an error.
 func parseKeys(text, sep, where string) ([]keyDigest, error) {
 	var digests []keyDigest
 	for n, entry := range strings.Split(text, sep) {
@@ -119,9 +112,8 @@ func parseKeys(text, sep, where string) ([]keyDigest, error) {
 	return digests, nil
 }
 
-// accepts compares d with every digest in constant time, without
-// stopping at a match, so that the time says nothing of which byte
-// differs or which key matched.
+// accepts compares d with every digest in constant time, so that the
+// time says nothing of which byte differs or which key matched.
 func (k *keyRing) accepts(d keyDigest) bool {
 	match := 0
 	for _, want := range *k.digests.Load() {
@@ -130,13 +122,12 @@ func (k *keyRing) accepts(d keyDigest) bool {
 	return match == 1
 }
 
-// minKeyLength is the shortest key accepted. A short key typed by hand,
-// such as "secret", falls to guessing.
+// minKeyLength is the shortest key accepted, because a short one falls
+// to guessing.
 const minKeyLength = 20
 
-// parseKey reads one configured key: the key, or sha256:<hex digest>,
-// which a keys file holds so that it gives no key away. problem says
-// what is wrong, or is "".
+// parseKey reads one key, or sha256:<hex digest>, and says what is
+// wrong with it, if anything.
 func parseKey(entry string) (d keyDigest, problem string) {
 	if len(entry) > 7 && strings.EqualFold(entry[:7], "sha256:") { // in any case, or a digest line would be a key
 		b, err := hex.DecodeString(entry[7:])
@@ -154,8 +145,7 @@ func parseKey(entry string) (d keyDigest, problem string) {
 	return digestOf(entry), ""
 }
 
-// isToken reports whether s is non-empty printable ASCII without spaces,
-// which is what a bearer credential can hold.
+// isToken reports whether s can be a bearer credential.
 func isToken(s string) bool { return s != "" && !strings.Contains(s, " ") && isPrintable(s) }
 
 // isPrintable reports whether s is printable ASCII, spaces included.
@@ -163,17 +153,15 @@ func isPrintable(s string) bool {
 	return !strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r > '~' })
 }
 
-// generateKey returns a new random 256-bit key in URL-safe base64, which
-// pastes into a shell and a header unquoted.
+// generateKey returns a new random 256-bit key in URL-safe base64.
 func generateKey() string {
 	b := make([]byte, 32)
 	rand.Read(b) // it never returns an error
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// bearerToken is the credential of "Authorization: Bearer <key>", the
-// scheme in any case. Both are "" with no header. malformed says what is
-// wrong with a header that is not a single credential.
+// bearerToken is the credential of "Authorization: Bearer <key>", with
+// the scheme in any case, or what is wrong with the header.
 func bearerToken(r *http.Request) (token, malformed string) {
 	values := r.Header.Values("Authorization")
 	switch {
@@ -190,10 +178,8 @@ func bearerToken(r *http.Request) (token, malformed string) {
 }
 
 // requireAPIKey lets a request with a valid key through to next, and
-// notes the key's digest in the request's context (callerKey). Any other request is
-// answered 401 with a WWW-Authenticate challenge, and one WARN line names
-// the client's address, for fail2ban and the like. The key is never
-// logged.
+// notes the key's digest at callerKey. Any other gets a 401, and one WARN
+// line names the client's address.
 func requireAPIKey(keys *keyRing, log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, malformed := bearerToken(r)
@@ -216,23 +202,19 @@ func requireAPIKey(keys *keyRing, log *slog.Logger, next http.Handler) http.Hand
 	})
 }
 
-// callerKey is the context key of a request's *keyDigest: the digest of
-// the key it was accepted with, which logRequests puts in every request's
-// context and requireAPIKey fills in. It stays zero for a request with no
-// accepted key.
+// callerKey is the context key of the *keyDigest that logRequests gives
+// every request, which stays zero unless requireAPIKey accepts a key.
 type callerKey struct{}
 
 // idempotencyScope is what an Idempotency-Key is stored with, so that it
-// belongs to the API key that sent it. It is a digest derived from the
-// key's, for this use only, which no keys-file line would match.
+// belongs to the API key that sent it. No keys-file line matches it.
 func idempotencyScope(ctx context.Context) []byte {
 	d := ctx.Value(callerKey{}).(*keyDigest)
 	sum := sha256.Sum256(append([]byte("petstore idempotency scope\x00"), d[:]...))
 	return sum[:16]
 }
 
-// runKeygen is "petstore keygen". It prints a new key for a client, and
-// the keys-file line that accepts it without holding the key.
+// runKeygen is "petstore keygen": a new key, and its keys-file line.
 func runKeygen(args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("petstore keygen", flag.ContinueOnError)
 	usage := "petstore keygen\n\nPrints a new API key, and the sha256: line for the keys file that accepts it."

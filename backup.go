@@ -1,7 +1,5 @@
-// The backup and restore commands. A backup is a consistent copy of the
-// live database, written with VACUUM INTO and checked before it gets its
-// name. A restore puts one back while no service holds the file.
-// Scheduling and pruning snapshots is the timer's (petstore-backup.service).
+// The backup and restore commands. Scheduling and pruning backups is the
+// timer's (petstore-backup.service).
 
 package main
 
@@ -53,11 +51,9 @@ func runBackupCommand(ctx context.Context, args []string, getenv func(string) st
 }
 
 // backupDatabase writes a consistent copy of src to dst, also while a
-// service writes to src. VACUUM INTO reads one snapshot, so it neither
-// blocks the writer nor copies half a commit, and the copy has no -wal.
-// The copy is written beside dst, checked and fsynced, and only then
-// linked to dst, which must not exist, so that no half copy ever passes
-// for a backup. It returns the number of pets in the copy.
+// service writes to src, because VACUUM INTO reads one snapshot. The copy
+// is written beside dst, checked and fsynced, and only then linked to
+// dst, so that no half copy passes for a backup. It counts the pets.
 func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("%s already exists; a backup never overwrites a file", dst)
@@ -75,7 +71,6 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 	if err != nil {
 		return 0, fmt.Errorf("back up %s: %w", src, err)
 	}
-	// The copy is a whole petstore file, of any schema petstore has deployed.
 	if _, err := inspect(f.Name()); err != nil {
 		return 0, fmt.Errorf("check backup: %w", err)
 	}
@@ -89,22 +84,18 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 	if err != nil {
 		return 0, fmt.Errorf("check backup: %w", err)
 	}
-	// A link, unlike a rename, does not replace a file made at dst since.
+	// A link, unlike a rename, never replaces a file.
 	if err := errors.Join(syncPath(f.Name()), os.Link(f.Name(), dst)); err != nil {
 		return 0, fmt.Errorf("backup file: %w", err)
 	}
 	return pets, syncPath(filepath.Dir(dst))
 }
 
-// restoreDatabase replaces the database at path with the backup at from.
-// It takes the service's lock, or refuses while a service holds the file,
-// because a copy laid over a live database is corrupted by its -wal. It
-// writes a checked copy beside path and raises the copy's id sequence to
-// the highest id that the file it replaces holds or gave out, so that no
-// id a client was given is handed out again. When that id cannot be
-// read, it refuses unless lastID (not -1) gives it. It gives the copy the
-// owner, group and mode of the file it replaces, removes the old -wal and
-// -shm, and renames the copy over path.
+// restoreDatabase replaces the database at path, which no service may
+// hold, with a checked copy of from. It raises the copy's id sequence to
+// the highest id the old file holds or gave out, so that no id is given
+// twice; lastID gives that id when it cannot be read. The copy keeps the
+// old file's owner, group and mode.
 func restoreDatabase(ctx context.Context, from, path string, lastID int64) (pets int64, err error) {
 	lock, err := lockFile(path)
 	if err != nil {
@@ -115,8 +106,6 @@ func restoreDatabase(ctx context.Context, from, path string, lastID int64) (pets
 	if err != nil {
 		return 0, err
 	}
-	// Another application's file is not replaced. A damaged one of
-	// petstore's, the reason to restore, is.
 	if _, err := inspect(path); errors.Is(err, errNotPetstore) {
 		return 0, fmt.Errorf("database %s: %w; it is left as it is", path, err)
 	}
@@ -147,8 +136,7 @@ func restoreDatabase(ctx context.Context, from, path string, lastID int64) (pets
 	if err := errors.Join(os.Chown(tmp, int(owner.Uid), int(owner.Gid)), os.Chmod(tmp, info.Mode().Perm())); err != nil {
 		return 0, fmt.Errorf("give the copy the owner and mode of %s: %w", path, err)
 	}
-	// A stopped service leaves the -wal empty, and another file's pages
-	// must never be laid over the copy.
+	// The old -wal's pages must not be laid over the copy.
 	for _, companion := range []string{path + "-wal", path + "-shm"} {
 		if err := os.Remove(companion); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return 0, err
@@ -160,8 +148,7 @@ func restoreDatabase(ctx context.Context, from, path string, lastID int64) (pets
 	return pets, syncPath(filepath.Dir(path))
 }
 
-// syncPath fsyncs a file or a directory, so that what was written to it,
-// or a name added to it, is on stable storage.
+// syncPath fsyncs a file or a directory.
 func syncPath(path string) error {
 	f, err := os.Open(path)
 	if err != nil {

@@ -1,5 +1,5 @@
-// Errors: the code vocabulary, the Error body, the store's errors as
-// values, and writeError, the one place where an error becomes an answer.
+// Errors: the Error body and its codes, the store's errors, and
+// writeError, the one place where an error becomes an answer.
 
 package main
 
@@ -14,23 +14,8 @@ import (
 	"strconv"
 )
 
-// The Error body's code is one of this closed vocabulary, which README.md
-// lists and clients may switch on:
-//
-//	invalid_body, invalid_parameter        400
-//	unauthorized                           401
-//	not_found                              404
-//	method_not_allowed                     405
-//	body_too_large                         413
-//	unsupported_media_type                 415
-//	idempotency_key_reused                 422
-//	refused_by_database                    422
-//	internal_error                         500
-//	not_implemented                        501
-//	unavailable                            503
-
-// apiError is the specification's Error body. A handler returns one to
-// be answered with it.
+// apiError is the specification's Error body. Its code is one of those
+// README.md lists, from invalid_body to unavailable.
 type apiError struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
@@ -44,24 +29,22 @@ func errorf(status int, code, format string, args ...any) error {
 	return &apiError{Code: code, Message: fmt.Sprintf(format, args...), Status: status}
 }
 
-// writeError answers err. Every error answer of the service is made here.
-// A storage fault is a 503 that names its cause, with Retry-After, and a
-// WARN line per request. An unknown error is a 500 whose cause goes to
-// the log only, because it may hold internals.
+// writeError answers err. A storage fault is a 503 that names its cause,
+// with Retry-After and a WARN line. An unknown error is a 500 whose cause
+// goes to the log only, because it may hold internals.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	id := w.Header().Get("X-Request-Id")
 	var answer *apiError
 	var fault *storageError
-	var refused *refusedError
 	switch {
 	case errors.As(err, &answer):
 	case errors.As(err, new(notFoundError)):
 		answer = &apiError{"not_found", err.Error(), http.StatusNotFound}
 	case errors.Is(err, errIdempotencyKeyReused):
 		answer = &apiError{"idempotency_key_reused", "this Idempotency-Key was already used for a different pet; use a new key for a new request", http.StatusUnprocessableEntity}
-	case errors.As(err, &refused):
-		answer = &apiError{"refused_by_database", refused.Error(), http.StatusUnprocessableEntity}
-	case errors.As(err, &fault): // the store returns a fault as a *storageError
+	case errors.As(err, new(*refusedError)):
+		answer = &apiError{"refused_by_database", err.Error(), http.StatusUnprocessableEntity}
+	case errors.As(err, &fault):
 		log.Warn("storage fault", "fault", fault.Error(), "method", r.Method, "path", r.URL.Path, "request_id", id)
 		retryAfter := "1"
 		if fault.kind == faultDiskFull || fault.kind == faultReadOnly {
@@ -80,9 +63,8 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	writeJSON(w, answer.Status, answer)
 }
 
-// writeJSON answers v as JSON and a newline. HTML escaping is off, so
-// that a name reads as it was sent, because the body is never read as
-// HTML (nosniff).
+// writeJSON answers v as JSON. HTML escaping is off, so that a name reads
+// as it was sent; nosniff keeps the body from being read as HTML.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	var body bytes.Buffer
 	enc := json.NewEncoder(&body)
@@ -106,7 +88,7 @@ const (
 	faultTimedOut     faultKind = "timed out: the write could not begin in time, so nothing was stored"
 	faultRefused      faultKind = "refused: a rule in the database file (an operator's trigger or constraint) refuses writes"
 	faultStopping     faultKind = "stopping: the service is shutting down"
-	// The storage lost what it had. The service stops (store.failed).
+	// The storage lost what it had, and the service stops (store.failed).
 	faultIO      faultKind = "I/O error: a read or write of the database failed"
 	faultDamaged faultKind = "damaged: the database file is corrupt"
 )
@@ -119,26 +101,24 @@ type storageError struct {
 
 func (e *storageError) Error() string { return string(e.kind) + ": " + e.err.Error() }
 
-var (
-	// errIdempotencyKeyReused says the key already stored a different pet.
-	errIdempotencyKeyReused = errors.New("idempotency key reused for a different pet")
-	// errNotPetstore says the file is another application's.
-	errNotPetstore = errors.New("not a petstore database")
-)
+// errIdempotencyKeyReused says the key already stored a different pet.
+var errIdempotencyKeyReused = errors.New("idempotency key reused for a different pet")
+
+// errNotPetstore says the file is another application's.
+var errNotPetstore = errors.New("not a petstore database")
 
 // notFoundError says no pet has the id.
 type notFoundError struct{ id int64 }
 
 func (e notFoundError) Error() string { return fmt.Sprintf("no pet with id %d", e.id) }
 
-// refusedError says a rule in the file that the service does not know
-// of, such as an operator's trigger, refused one create.
+// refusedError says a rule in the file, such as an operator's trigger,
+// refused one create.
 type refusedError struct{ err error }
 
 func (e *refusedError) Error() string { return "the database refused this pet: " + e.err.Error() }
 
-// asFault returns err as a *storageError when the storage is at fault,
-// and nil otherwise.
+// asFault returns err as a *storageError if the storage is at fault.
 func asFault(err error) *storageError {
 	var se *storageError
 	if errors.As(err, &se) {
@@ -156,8 +136,8 @@ func isFatal(err error) bool {
 	return f != nil && (f.kind == faultIO || f.kind == faultDamaged)
 }
 
-// notStored turns a create's context error into the reason it was not
-// stored. nil stays nil.
+// notStored turns a create's context error, if any, into the reason it
+// was not stored.
 func notStored(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return &storageError{faultTimedOut, err}

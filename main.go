@@ -30,15 +30,14 @@ func main() {
 	}
 }
 
-// needsCgo is what a binary built without cgo says (nocgo.go).
+// needsCgo is what a binary built without cgo says.
 const needsCgo = "petstore needs cgo and a C compiler: it keeps its pets in SQLite, which is C, and this binary was built with cgo off (CGO_ENABLED=0, or no C compiler was found). Install a C compiler and build again with CGO_ENABLED=1:\n  Debian, Ubuntu: apt-get install gcc\n  Alpine:         apk add gcc musl-dev\n  macOS:          xcode-select --install"
 
 // restoreAdvice is what to do when the storage failed.
 const restoreAdvice = "check the disk (dmesg) and start again: SQLite recovers what reached the -wal. If the file is damaged, put back a backup with petstore restore (docs/operations.md, When the storage fails)"
 
-// run is the whole program. With no command it serves until ctx is done.
-// backup, restore and keygen are commands that run once. Every failure
-// is returned.
+// run is the whole program: the service until ctx is done, or a command.
+// Every failure is returned.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var err error
 	switch append(args, "")[1] {
@@ -49,8 +48,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	default:
 		var cfg config
 		if cfg, err = parseFlags(args, getenv, stdout); err == nil {
-			// A log reader that went away must not kill the process, as
-			// SIGPIPE on stderr would by default.
+			// A log reader that went away must not kill the process.
 			signal.Ignore(syscall.SIGPIPE)
 			err = serve(ctx, cfg, getenv, newLogger(stderr, cfg.logFormat, cfg.logLevel))
 		}
@@ -61,13 +59,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return err
 }
 
-// serve loads the keys and the certificate, listens, opens the store and
-// answers until ctx is done or the storage fails. A bad key or
-// certificate fails first, and a busy port before the database is
-// opened. SIGHUP reloads the keys and the certificate.
+// serve answers until ctx is done or the storage fails. A bad key or
+// certificate fails first, and a busy port before the database opens.
 func serve(ctx context.Context, cfg config, getenv func(string) string, log *slog.Logger) error {
-	// SIGHUP is taken from the start, because it would kill the process,
-	// and systemd may send a reload as soon as it has started it.
+	// SIGHUP would kill the process, and systemd may send it at once.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -112,8 +107,7 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	if err := keys.useKeyFile(cfg.db, log); err != nil {
 		return err
 	}
-	// createWithin is shorter than WriteTimeout, so that a create that is
-	// not stored still gets its 503.
+	// Shorter than WriteTimeout, so that a create not stored gets a 503.
 	createWithin := cfg.writeTimeout - min(2*time.Second, max(250*time.Millisecond, cfg.writeTimeout/4), cfg.writeTimeout/2)
 	srv := &http.Server{
 		Handler:           newHandler(&server{store: st, keys: keys, log: log, createWithin: createWithin}, cfg.corsOrigins),
@@ -133,8 +127,8 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 		case err := <-serveErr:
 			return fmt.Errorf("serve: %w", err)
 		case <-st.failed:
-			// A create whose commit met the failure gets no answer,
-			// because it may or may not have reached the -wal.
+			// A create whose commit met the failure may be in the -wal, so
+			// it gets no answer.
 			srv.Close()
 			log.Error("storage failed: the service stops without writing more", "db", cfg.db, "err", st.failure, "next", restoreAdvice)
 			return fmt.Errorf("stopped because the storage of %s failed", cfg.db)
@@ -169,7 +163,7 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	return nil
 }
 
-// newLogger is the service's logger, in text or JSON, on w.
+// newLogger is the service's logger on w, in text or JSON.
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	if format == "json" {
 		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
@@ -215,22 +209,19 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		return c, fmt.Errorf("-log-format (PETSTORE_LOG_FORMAT) must be text or json, got %q", c.logFormat)
 	}
 	for _, o := range strings.FieldsFunc(origins, func(r rune) bool { return r == ',' || r == ' ' }) {
-		// An address copied from a browser's bar ends in "/", and an
-		// Origin never does.
+		// as copied from a browser's bar; an Origin has no "/"
 		c.corsOrigins = append(c.corsOrigins, strings.TrimSuffix(o, "/"))
 	}
 	return c, nil
 }
 
-// envName is the environment variable of the flag name.
+// envName is the environment variable of a flag.
 func envName(name string) string {
 	return "PETSTORE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
-// parseArgs sets each flag of fs from its variable, if set, then parses
-// args, so that a flag wins over its variable. -h prints usage and the
-// flags to stdout, and an error points to -h. A duration must be
-// positive.
+// parseArgs sets each flag of fs from its variable, then from args. -h
+// prints usage to stdout. A duration must be positive.
 func parseArgs(fs *flag.FlagSet, args []string, getenv func(string) string, stdout io.Writer, usage string) error {
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {

@@ -1,9 +1,7 @@
 //go:build !cgo
 
-// A build without cgo (CGO_ENABLED=0, or no C compiler found) cannot run,
-// because SQLite is C. The binary says so, and how to get a C compiler.
-// The rest stands in for sqlite.go, so that the code builds and
-// type-checks for other systems.
+// A build without cgo cannot run, because SQLite is C: it says so. The
+// rest stands in for sqlite.go, so that the code type-checks.
 
 package main
 

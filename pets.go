@@ -1,5 +1,5 @@
-// The HTTP surface: the pets, the route table, the middleware that every
-// request meets, and the handlers with the parsing of what a client sends.
+// The HTTP surface: the pets, the routes, the middleware that every
+// request meets, and the handlers with the parsing of what clients send.
 
 package main
 
@@ -35,25 +35,21 @@ type NewPet struct {
 	Status     string `json:"status"`
 }
 
-// Pet is a stored animal: a NewPet with the id the store gave it, first.
+// Pet is a stored NewPet, with its id first.
 type Pet struct {
 	ID int64 `json:"id"`
 	NewPet
 }
 
-// petStatuses is the PetStatus enumeration; an omitted status is the first.
+// petStatuses are the PetStatus values. An omitted status is the first.
 var petStatuses = []string{"available", "pending", "sold"}
 
+// The limits and dates of the API.
 const (
-	maxNameLength = 100 // characters (Unicode code points)
-	// maxBodyBytes is well above the largest valid NewPet, a name of 100
-	// four-byte characters written as escapes.
-	maxBodyBytes = 16 << 10
-	// getPetDeprecation is when getPet was deprecated, 2026-11-22, as
-	// the Deprecation header writes it.
+	maxNameLength     = 100      // Unicode code points
+	maxBodyBytes      = 16 << 10 // well above the largest NewPet, 100 escaped four-byte characters
 	getPetDeprecation = "@1795305600"
-	// getPetSunset is when getPet goes, the specification's date.
-	getPetSunset = "Thu, 05 Dec 2030 00:00:00 GMT"
+	getPetSunset      = "Thu, 05 Dec 2030 00:00:00 GMT"
 	// lateWriteTimeout replaces WriteTimeout for answers that may be
 	// slow, such as a create's.
 	lateWriteTimeout = 10 * time.Second
@@ -71,11 +67,10 @@ type server struct {
 // handler answers a request, or returns the error to answer it with.
 type handler func(http.ResponseWriter, *http.Request) error
 
-// newHandler is the service's whole HTTP surface, inside the middleware
-// that every answer goes through: the routes, a JSON 405 with Allow for
-// another method on a known path, and a JSON 404 for any other path.
-// Under /v1 the key is checked first, even for a path that does not
-// exist. The mux picks the most specific pattern, whatever the order.
+// newHandler is the service's whole HTTP surface: the routes, a JSON 405
+// with Allow for another method on a known path, and a JSON 404 for any
+// other path, inside the middleware. Under /v1 the key is checked first,
+// even for a path that does not exist.
 func newHandler(s *server, corsOrigins []string) http.Handler {
 	mux := http.NewServeMux()
 	handle := func(pattern string, h handler, public, deprecated bool) {
@@ -101,8 +96,8 @@ func newHandler(s *server, corsOrigins []string) http.Handler {
 	return logRequests(s.log, recoverPanics(s.log, cors(corsOrigins, mux)))
 }
 
-// wrap makes h a handler whose error is answered. It is behind the key
-// check unless public, and marked deprecated if deprecated.
+// wrap makes h a handler whose error is answered, behind the key check
+// unless public.
 func (s *server) wrap(h handler, public, deprecated bool) http.Handler {
 	var next http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
@@ -123,7 +118,7 @@ func notFound(w http.ResponseWriter, r *http.Request) error {
 	return errorf(http.StatusNotFound, "not_found", "no such resource: %s", r.URL.Path)
 }
 
-// methodNotAllowed answers a known path asked with another method.
+// methodNotAllowed answers another method on a known path.
 func methodNotAllowed(allow string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Allow", allow)
@@ -145,16 +140,14 @@ func (w *statusRecorder) WriteHeader(status int) {
 // Unwrap lets http.ResponseController reach the connection.
 func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// clientRequestID is an X-Request-Id that is kept as the client sent it.
-// It cannot forge or bloat a log line.
+// clientRequestID is an X-Request-Id kept as the client sent it, because
+// it cannot forge or bloat a log line.
 var clientRequestID = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
 
-// logRequests marks every answer as not to be cached or sniffed, and
-// gives it an id: the client's X-Request-Id if clientRequestID matches
-// it, else a new one. Once the request is answered, it writes the access
-// line: the path without the query, status 0 for a client that left
-// unanswered, and the key that was accepted, by the first 8 hex digits
-// of its digest.
+// logRequests marks every answer as not to be cached or sniffed, gives it
+// a request id, and writes its access line: the path without the query,
+// status 0 for a client that left unanswered, and an accepted key by the
+// first 8 hex digits of its digest.
 func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start, id := time.Now(), r.Header.Get("X-Request-Id")
@@ -166,7 +159,7 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("X-Request-Id", id)
 		rec, accepted := &statusRecorder{ResponseWriter: w}, new(keyDigest)
-		defer func() { // also for an answer aborted with http.ErrAbortHandler
+		defer func() { // also for an answer aborted by http.ErrAbortHandler
 			keyID := ""
 			if *accepted != (keyDigest{}) {
 				keyID = hex.EncodeToString(accepted[:4])
@@ -178,8 +171,7 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 	})
 }
 
-// recoverPanics turns a handler's panic into a logged JSON 500, not
-// net/http's dropped connection.
+// recoverPanics turns a handler's panic into a logged JSON 500.
 func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -193,10 +185,9 @@ func recoverPanics(log *slog.Logger, next http.Handler) http.Handler {
 	})
 }
 
-// cors lets a back-office page on one of origins call the API and read
-// the answers' headers. A preflight carries no credentials, so it is
-// answered here, before the key check. For another origin the answer has
-// no CORS headers, and browsers then refuse it.
+// cors lets a page on one of origins call the API and read the answers'
+// headers. A preflight carries no key, so it is answered here. Other
+// origins get no CORS headers, and browsers refuse them.
 func cors(origins []string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin, h := r.Header.Get("Origin"), w.Header()
@@ -222,8 +213,7 @@ func cors(origins []string, next http.Handler) http.Handler {
 }
 
 // deprecate marks every answer of getPet deprecated, with its removal
-// date and the operation that replaces it. The link is relative to
-// /v1/pets/{petId}, so that it holds under any path prefix.
+// date and the operation that replaces it, relative to /v1/pets/{petId}.
 func deprecate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Deprecation", getPetDeprecation)
@@ -233,18 +223,15 @@ func deprecate(next http.Handler) http.Handler {
 	})
 }
 
-// serveIndex answers GET / with where things are. The links are relative
-// to the request, so that they hold under any domain and path prefix.
+// serveIndex answers GET / with links relative to it.
 func serveIndex(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, map[string]any{"name": "petstore", "description": "A store's catalogue of animals: list, add and get pets under /v1 with a bearer API key.",
 		"links": map[string]string{"pets": "v1/pets", "openapi": "openapi.yaml", "openapiJson": "openapi.json", "health": "healthz"}})
 	return nil
 }
 
-// health answers 200 only while the service can both read and store a
-// pet, and otherwise 503 naming the failing check.
+// health answers 200 only while a pet can be both read and stored.
 func (s *server) health(w http.ResponseWriter, r *http.Request) error {
-	// Its probe may wait 5 s, after another's.
 	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(lateWriteTimeout))
 	if err := s.store.health(); err != nil {
 		return err
@@ -253,13 +240,12 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// openapiDocument describes this API; a test holds it to the routes.
+// openapiDocument describes this API. A test holds it to the routes.
 //
 //go:embed openapi.json
 var openapiDocument []byte
 
-// serveDocument answers the document as the media type. JSON is YAML 1.2
-// too, so one document serves tools that ask for either.
+// serveDocument answers the document as mediaType. JSON is YAML 1.2 too.
 func serveDocument(mediaType string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", mediaType)
@@ -268,22 +254,19 @@ func serveDocument(mediaType string) handler {
 	}
 }
 
-// listOrders answers GET /v1/store/orders, which the specification names
-// but does not describe.
+// listOrders answers the operation the specification names only.
 func listOrders(w http.ResponseWriter, r *http.Request) error {
 	return errorf(http.StatusNotImplemented, "not_implemented", "GET /v1/store/orders is named by the specification but not specified, so it is not implemented")
 }
 
-// listPets answers one page in ascending id, with a Link to the next page
-// when more pets match. The link is relative to the request, so that it
-// holds under any domain and path prefix.
+// listPets answers one page in ascending id, with a Link to the next
+// page, relative to the request, when more pets match.
 func (s *server) listPets(w http.ResponseWriter, r *http.Request) error {
 	limit, status, after, err := parseListQuery(r.URL.RawQuery)
 	if err != nil {
 		return err
 	}
-	// One more than asked tells whether there is a next page, so the last
-	// page, even an exactly full one, has no next link.
+	// One more than asked tells whether there is a next page.
 	pets, err := s.store.listPets(status, after, limit+1)
 	if err != nil {
 		return err
@@ -300,8 +283,8 @@ func (s *server) listPets(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// getPet answers one pet. It takes no query, so that a typo does not
-// pass for a filter that worked.
+// getPet answers one pet. It takes no query, so that a typo does not pass
+// for a filter that worked.
 func (s *server) getPet(w http.ResponseWriter, r *http.Request) error {
 	id, ok := parseDecimal(r.PathValue("petId"))
 	switch {
@@ -318,12 +301,10 @@ func (s *server) getPet(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// createPet answers 201 only once the pet is committed. With an
-// Idempotency-Key, a retry of the same request gets the same 201 again.
-// The Location is relative to the request, like listPets' Link.
+// createPet answers 201 only once the pet is committed, with a Location
+// relative to the request. A retry with the same Idempotency-Key gets the
+// same 201 again.
 func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
-	// The key is taken as sent, quotes and all, so that a client that
-	// always sends one form meets its own key.
 	keys := r.Header.Values("Idempotency-Key")
 	if len(keys) > 1 || len(keys) == 1 && (keys[0] == "" || len(keys[0]) > 255 || !isPrintable(keys[0])) {
 		return badParameter("send one Idempotency-Key header of 1 to 255 printable ASCII characters")
@@ -342,9 +323,8 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errorf(http.StatusBadRequest, "invalid_body", "%s", err)
 	}
-	// A create not begun within createWithin is not stored, and is
-	// answered 503. One begun is answered with its outcome however long
-	// its commit takes, so the write timeout must not cut off its 201.
+	// A create not begun within createWithin is not stored, and gets a
+	// 503. One begun gets its outcome however long its commit takes.
 	ctx, cancel := context.WithTimeout(r.Context(), s.createWithin)
 	defer cancel()
 	rc := http.NewResponseController(w)
@@ -362,19 +342,16 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// isJSON reports whether a Content-Type is application/json, with no
-// charset but UTF-8, the only one JSON has.
+// isJSON reports whether contentType is JSON, with no charset but UTF-8.
 func isJSON(contentType string) bool {
 	mediaType, params, err := mime.ParseMediaType(contentType)
 	return err == nil && mediaType == "application/json" && (params["charset"] == "" || strings.EqualFold(params["charset"], "utf-8"))
 }
 
-// parseListQuery reads listPets' query: limit (1 to 100, 20 by default),
-// status, and after, the id of the last pet seen. Unknown and repeated
-// parameters are refused, so that a misspelt "stauts" does not return
-// every pet. Of several problems, the first name in sorted order is named.
+// parseListQuery reads limit (1 to 100, 20 by default), status, and
+// after, the id of the last pet seen. An unknown or repeated parameter is
+// refused, so that "stauts" does not return every pet.
 func parseListQuery(raw string) (limit int, status string, after int64, err error) {
-	// Empty pairs mean nothing, and ParseQuery would count them.
 	values, err := url.ParseQuery(strings.Join(slices.DeleteFunc(strings.Split(raw, "&"), func(p string) bool { return p == "" }), "&"))
 	if err != nil {
 		return 0, "", 0, badParameter("malformed query string: use name=value pairs joined by &, percent-encoded")
@@ -417,7 +394,7 @@ func parseDecimal(s string) (int64, bool) {
 	return int64(n), err == nil
 }
 
-// quote quotes a client's value for a message, cut short if huge.
+// quote quotes a client's value for a message, cut short.
 func quote(s string) string { return strconv.Quote(cut(s)) }
 
 // cut is s, or its first 64 characters and "...".
@@ -428,11 +405,9 @@ func cut(s string) string {
 	return s
 }
 
-// decodeNewPet reads a create's body and names every problem with it. It
-// reads the members as raw JSON, because decoding into the struct would
-// match a member name in any case ("categoryID"), let a duplicate win,
-// and take what this API refuses ("categoryId": 1.0 or "1", null for a
-// name).
+// decodeNewPet reads a create's body and names every problem with it.
+// Decoding into the struct would match a member name in any case, let a
+// duplicate win, and take 1.0 or "1" for an integer.
 func decodeNewPet(body []byte) (NewPet, error) {
 	trimmed := bytes.TrimSpace(body)
 	switch {
@@ -469,8 +444,8 @@ func decodeNewPet(body []byte) (NewPet, error) {
 	return pet, nil
 }
 
-// memberNames returns the names of the members of the JSON object in
-// body, in order, duplicates too. body is a valid object.
+// memberNames returns the member names of the valid JSON object in body,
+// in order, duplicates too.
 func memberNames(body []byte) []string {
 	var names []string
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -495,20 +470,17 @@ func nameProblem(raw json.RawMessage, name *string) string {
 	case utf8.RuneCountInString(*name) > maxNameLength:
 		return fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(*name))
 	case strings.ContainsFunc(*name, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) }):
-		// Control characters break lines of logs and scripts. Format
-		// characters are invisible, and make a name look empty or read as
-		// another.
+		// Control characters break lines; format characters are invisible.
 		return "name must not contain control, format or line separator characters (such as tab, newline, U+200B zero-width space, U+202E right-to-left override or U+2028)"
 	case strings.ContainsRune(*name, utf8.RuneError):
-		// Decoding puts U+FFFD, silently, for a \u escape of half a
-		// surrogate pair, so the name stored would not be the one sent.
+		// Decoding puts U+FFFD, silently, for half a surrogate pair.
 		return "name must not contain U+FFFD, the replacement character, or a \\u escape of half a UTF-16 surrogate pair (such as \\ud800 alone)"
 	}
 	return ""
 }
 
-// categoryProblem checks categoryId into id. It is a JSON integer from 1
-// to MaxInt64, parsed from its text so that no float64 rounds it.
+// categoryProblem checks categoryId into id, parsed from its text so that
+// no float64 rounds it.
 func categoryProblem(raw json.RawMessage, id *int64) string {
 	n, err := strconv.ParseInt(string(raw), 10, 64)
 	switch {

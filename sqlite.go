@@ -1,8 +1,7 @@
 //go:build cgo
 
-// The parts that name go-sqlite3's own types: the driver as the service
-// registers it, and SQLite's error codes read as the store's faults.
-// nocgo.go stands in for this file when cgo is off.
+// go-sqlite3's own types: the driver, and SQLite's errors read as the
+// store's faults. nocgo.go stands in when cgo is off.
 
 package main
 
@@ -14,8 +13,7 @@ import (
 	"github.com/mattn/go-sqlite3"
 )
 
-// sqliteDriver is go-sqlite3 with every connection set up by
-// setUpConnection.
+// sqliteDriver is go-sqlite3 with setUpConnection.
 const sqliteDriver = "sqlite3-petstore"
 
 func init() {
@@ -23,14 +21,11 @@ func init() {
 }
 
 // setUpConnection sets what the DSN cannot:
-//   - PERSIST_WAL keeps the -wal and -shm when the last connection
-//     closes. SQLite deletes them by default, and then the next start on
-//     a full or read-only disk could not make them again.
-//   - temp_store=MEMORY keeps a create's statement journal in memory
-//     instead of a temporary file made and freed per create.
-//   - wal_autocheckpoint=0 leaves checkpoints to store.checkpoint,
-//     because SQLite ignores the I/O error of a checkpoint it runs after
-//     a commit.
+//   - PERSIST_WAL keeps the -wal and -shm, so that a start on a full or
+//     read-only disk need not make them again (TestDiskFull, TestReadOnly).
+//   - temp_store=MEMORY keeps a create's statement journal in memory.
+//   - wal_autocheckpoint=0 leaves checkpoints to store.checkpoint, because
+//     SQLite ignores a failed checkpoint after a commit (TestFailedFsync).
 func setUpConnection(c *sqlite3.SQLiteConn) error {
 	if err := c.SetFileControlInt("main", sqlite3.SQLITE_FCNTL_PERSIST_WAL, 1); err != nil {
 		return err
@@ -40,10 +35,8 @@ func setUpConnection(c *sqlite3.SQLiteConn) error {
 }
 
 // sqliteFault tells which storage fault an error of SQLite's is, if any.
-// The system's errno says more than SQLite's code: a write refused for an
-// immutable file is SQLITE_IOERR_WRITE with EPERM. A failed fsync is an
-// I/O error whatever its errno, because the pages it should have written
-// may be lost.
+// The errno says more than SQLite's code, except after a failed fsync,
+// whose pages may be lost whatever the errno.
 func sqliteFault(err error) (faultKind, bool) {
 	var e sqlite3.Error
 	if !errors.As(err, &e) {
@@ -62,7 +55,6 @@ func sqliteFault(err error) (faultKind, bool) {
 	case errno == syscall.EIO || e.Code == sqlite3.ErrIoErr:
 		return faultIO, true
 	case e.Code == sqlite3.ErrReadonly || e.Code == sqlite3.ErrPerm || e.Code == sqlite3.ErrCantOpen:
-		// CANTOPEN: SQLite could not make the -wal or the -shm.
 		return faultReadOnly, true
 	case e.Code == sqlite3.ErrBusy || e.Code == sqlite3.ErrLocked:
 		return faultLocked, true
@@ -72,8 +64,7 @@ func sqliteFault(err error) (faultKind, bool) {
 	return "", false
 }
 
-// isConstraint reports whether err is a rule of the file refusing a row:
-// a CHECK, a unique index, or an operator's trigger's RAISE.
+// isConstraint reports whether a rule of the file refused a row.
 func isConstraint(err error) bool {
 	var e sqlite3.Error
 	return errors.As(err, &e) && e.Code == sqlite3.ErrConstraint

@@ -1,9 +1,7 @@
-// The store keeps the catalogue in one SQLite file. Creates go through
-// one writer goroutine, which commits whatever is queued in one
-// transaction and one fsync (group commit). Lists and gets are prepared
-// SQL on a pool of read connections, and SQLite's page cache is the only
-// cache. The store speaks no HTTP: it returns Go values and the errors
-// that errors.go defines.
+// The store keeps the catalogue in one SQLite file. One writer goroutine
+// commits every queued create in one transaction and one fsync (group
+// commit). Lists and gets are prepared SQL on a pool of read connections.
+// The store speaks no HTTP: it returns values and errors.go's errors.
 
 package main
 
@@ -26,9 +24,8 @@ import (
 	"time"
 )
 
-// schema holds the migrations. File i takes a database from schema
-// version i to i+1, and PRAGMA user_version holds the version, so that an
-// older binary refuses a file it does not understand.
+// schema holds the migrations: file i takes a database from version i,
+// in PRAGMA user_version, to version i+1.
 //
 //go:embed schema/*.sql
 var schema embed.FS
@@ -36,31 +33,28 @@ var schema embed.FS
 // migrations are the schema's files in version order.
 var migrations, _ = fs.Glob(schema, "schema/*.sql")
 
-// petstoreApplicationID is PRAGMA application_id of petstore's files,
-// "PETS" in ASCII.
+// petstoreApplicationID marks petstore's files ("PETS" in ASCII).
 const petstoreApplicationID = 0x50455453
 
-// dsn is the go-sqlite3 address of the file at path. The options are DSN
-// parameters, not a PRAGMA run once, because the driver applies them to
-// every connection it opens:
+// dsn is the go-sqlite3 address of the file at path. The driver applies
+// its options to every connection:
 //   - _journal_mode=WAL lets reads run beside the writer.
-//   - _synchronous=FULL fsyncs each commit before it returns, so a 201
-//     survives a power loss.
+//   - _synchronous=FULL fsyncs each commit, so that a 201 survives a
+//     power loss.
 //   - _busy_timeout=5000 waits up to 5 s for a lock that a backup or an
 //     operator's sqlite3 holds.
 //   - _txlock=immediate takes the write lock when a transaction begins,
-//     so a create never fails halfway for want of it.
+//     so that a create never fails halfway for want of it.
 func dsn(path string) string {
 	return fileURI(path) + "?_journal_mode=WAL&_synchronous=FULL&_busy_timeout=5000&_txlock=immediate"
 }
 
-// fileURI is path in SQLite's "file:" form, escaped so that a '?' or '#'
-// in a name does not start the options.
+// fileURI is path as an escaped "file:" URI.
 func fileURI(path string) string { return "file:" + (&url.URL{Path: path}).EscapedPath() }
 
 // readOnlyDSN opens path read-only, without the options that would switch
-// a foreign file to WAL. Without a -wal beside it, the file is opened as
-// immutable, so that no -wal or -shm is made beside it.
+// a foreign file to WAL. Without a -wal, the file is opened as immutable,
+// so that no -wal or -shm is made beside it.
 func readOnlyDSN(path string) string {
 	if _, err := os.Stat(path + "-wal"); errors.Is(err, os.ErrNotExist) {
 		return fileURI(path) + "?mode=ro&immutable=1"
@@ -70,8 +64,8 @@ func readOnlyDSN(path string) string {
 
 // store keeps the catalogue. openStore sets its fields once.
 type store struct {
-	lock            *os.File // flock'd, so one service uses a file
-	writer, readers *sql.DB  // writer has one connection, the writer loop's
+	lock            *os.File
+	writer, readers *sql.DB // writer has one connection, the writer loop's
 
 	listAll, listStatus, getOne, findKey, insert *sql.Stmt
 
@@ -79,14 +73,12 @@ type store struct {
 	closed   chan struct{}
 	loopDone chan struct{}
 
-	// failed is closed when the storage lost what it had (an I/O error,
-	// a damaged file), and failure then says why. Nothing more is
-	// written, and the service stops.
+	// failed is closed when the storage lost what it had, and failure
+	// says why. Nothing more is written.
 	failed   chan struct{}
 	failure  error
 	failOnce sync.Once
 
-	commits   atomic.Int64
 	lastWrite atomic.Pointer[writeOutcome]
 	probeMu   sync.Mutex // one health probe at a time
 	closeOnce sync.Once
@@ -100,8 +92,8 @@ type writeOutcome struct {
 }
 
 // openStore opens the file at path, creating it if missing, checks whose
-// file it is, and migrates it. It writes only when a migration is due, so
-// that it starts on a full or read-only disk and serves reads.
+// it is, and migrates it. It writes only for a migration, so that it
+// starts on a full or read-only disk and serves reads.
 func openStore(path string) (*store, error) {
 	s := &store{creates: make(chan *createRequest), closed: make(chan struct{}), loopDone: make(chan struct{}), failed: make(chan struct{})}
 	if err := s.open(path); err != nil {
@@ -112,11 +104,9 @@ func openStore(path string) (*store, error) {
 	return s, nil
 }
 
-// lockFile opens the file at path, creating it private to the user if it
-// is missing, and takes an exclusive flock until the file is closed, so
-// that a second service on the file refuses to start. A file that cannot
-// be written is opened to read. SQLite's own locks are POSIX locks, which
-// flock does not touch.
+// lockFile opens the file at path, creating it private to the user, and
+// holds an exclusive flock on it, so that a second service on the file
+// refuses to start. A file that cannot be written is opened to read.
 func lockFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -134,8 +124,8 @@ func lockFile(path string) (*os.File, error) {
 	return f, nil
 }
 
-// open locks the file, checks it, migrates it, opens every connection
-// and prepares every statement.
+// open locks, checks and migrates the file, opens every connection and
+// prepares every statement.
 func (s *store) open(path string) (err error) {
 	if s.lock, err = lockFile(path); err != nil {
 		return err
@@ -147,7 +137,7 @@ func (s *store) open(path string) (err error) {
 	s.writer, _ = sql.Open(sqliteDriver, dsn(path)) // it fails only for an unknown driver
 	s.writer.SetMaxOpenConns(1)
 	s.readers, _ = sql.Open(sqliteDriver, dsn(path))
-	if err := s.openReaders(); err != nil {
+	if err := openConns(s.readers, 2*runtime.GOMAXPROCS(0)); err != nil {
 		return err
 	}
 	if version < len(migrations) {
@@ -160,8 +150,8 @@ func (s *store) open(path string) (err error) {
 		err = cmp.Or(err, prepErr)
 		return st
 	}
-	// "LIMIT +?" is an expression, not a bare parameter, so that SQLite
-	// does not prepare the statement again for each value bound.
+	// "LIMIT +?" is an expression, so that SQLite does not prepare the
+	// statement again for each value bound.
 	const columns = "SELECT id, name, category_id, status FROM pets "
 	s.listAll = prepare(s.readers, columns+"WHERE id > ? ORDER BY id LIMIT +?")
 	s.listStatus = prepare(s.readers, columns+"WHERE status = ? AND id > ? ORDER BY id LIMIT +?")
@@ -171,35 +161,32 @@ func (s *store) open(path string) (err error) {
 	return err
 }
 
-// openReaders opens every read connection now, with its files, and keeps
-// them. Running out of descriptors later then delays new clients, and
+// openConns opens n connections of db now, with their files, and keeps
+// them, so that running out of descriptors later delays new clients and
 // never fails a read.
-func (s *store) openReaders() error {
-	n := 2 * runtime.GOMAXPROCS(0)
-	s.readers.SetMaxOpenConns(n)
-	s.readers.SetMaxIdleConns(n)
+func openConns(db *sql.DB, n int) error {
+	db.SetMaxOpenConns(n)
+	db.SetMaxIdleConns(n)
 	for range n {
-		conn, err := s.readers.Conn(context.Background())
-		if err == nil {
-			defer conn.Close() // back to the pool, once all are open
-			// A read opens the -wal and the -shm.
-			_, err = conn.ExecContext(context.Background(), "SELECT count(*) FROM sqlite_schema")
-		}
+		conn, err := db.Conn(context.Background())
 		if err != nil {
 			return err
+		}
+		defer conn.Close() // back to the pool, once all are open
+		if _, err := conn.ExecContext(context.Background(), "SELECT count(*) FROM sqlite_schema"); err != nil {
+			return err // a read opens the -wal and the -shm
 		}
 	}
 	return nil
 }
 
-// inspect reads, on a read-only connection of its own, whose file this is
-// and its schema version. Another application's SQLite file is refused,
-// so that a wrong -db cannot add a table to it.
+// inspect reads whose file this is, and its schema version. Another
+// application's SQLite file is refused, so that a wrong -db cannot add a
+// table to it. An unmarked file, as schemas 1 to 3 were, is petstore's if
+// it holds petstore's tables alone, or none at version 0.
 func inspect(path string) (version int, err error) {
 	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
 	defer db.Close()
-	// An unmarked file (schemas 1 to 3 were) is petstore's only if it
-	// holds petstore's tables alone. One of version 0 holds none.
 	var appID int64
 	var foreign string
 	err = db.QueryRow(`SELECT application_id, user_version, (SELECT coalesce(group_concat(name, ', '), '') FROM sqlite_schema
@@ -219,15 +206,13 @@ func inspect(path string) (version int, err error) {
 }
 
 // migrate applies the migrations the file has not had, and sets its
-// version, in one transaction, so that a failed upgrade leaves the file
-// as it was.
+// version, in one transaction, so that a failed upgrade changes nothing.
 func migrate(db *sql.DB, version int) error {
 	script := "BEGIN;\n"
 	for _, name := range migrations[version:] {
 		sql, _ := schema.ReadFile(name) // embedded: it cannot fail
 		script += string(sql) + ";\n"   // a file of comments alone needs the ";"
 	}
-	// PRAGMA takes no bound parameter, and the value is our own integer.
 	if _, err := db.Exec(script + fmt.Sprintf("PRAGMA user_version = %d;\nCOMMIT;", len(migrations))); err != nil {
 		db.Exec("ROLLBACK") // the writer has one connection, so this meets the BEGIN
 		return fmt.Errorf("migrate schema from version %d to %d: %w", version, len(migrations), err)
@@ -235,14 +220,14 @@ func migrate(db *sql.DB, version int) error {
 	return nil
 }
 
-// createRequest is one create on its way to the writer loop, and its
-// outcome, which the loop sets before it closes done.
+// createRequest is one create, or a health probe, on its way to the
+// writer loop, and its outcome, set before done is closed.
 type createRequest struct {
 	ctx   context.Context // once it is done, the pet is not stored
 	pet   NewPet
 	key   string // the Idempotency-Key, "" for none
 	scope []byte // the API key's idempotencyScope
-	probe bool   // a health check's write, in place of the pet
+	probe bool
 	done  chan struct{}
 
 	stored   Pet
@@ -258,7 +243,7 @@ func (s *store) createPet(ctx context.Context, pet NewPet, key string, scope []b
 }
 
 // send hands c to the writer loop and returns its outcome. If the
-// storage fails during its commit, it never returns, because nobody
+// storage fails during its commit, send never returns, because nobody
 // knows whether c was stored.
 func (s *store) send(c *createRequest) (Pet, bool, error) {
 	c.done = make(chan struct{})
@@ -274,11 +259,11 @@ func (s *store) send(c *createRequest) (Pet, bool, error) {
 }
 
 // writeLoop owns the writer connection. It commits the queued creates in
-// batches, and checkpoints the WAL every 200 commits. It stops when the
-// store closes or the storage fails.
+// batches, and checkpoints the WAL every 200 commits, until the store
+// closes or the storage fails.
 func (s *store) writeLoop() {
 	defer close(s.loopDone)
-	last := 0 // the size of the batch before
+	commits, last := 0, 0 // last is the size of the batch before
 	for {
 		select {
 		case <-s.closed:
@@ -291,18 +276,17 @@ func (s *store) writeLoop() {
 			if !s.commit(batch) {
 				return
 			}
-			if s.commits.Add(1)%200 == 0 && isFatal(s.fault(s.checkpoint())) {
+			if commits++; commits%200 == 0 && isFatal(s.fault(s.checkpoint())) {
 				return
 			}
 		}
 	}
 }
 
-// gather makes a batch of every create queued, up to 256. After a batch
-// that had company it waits up to 1 ms for this one to grow as large.
-// Under load, the clients that a commit answered send their next creates
-// a round trip later, and without the wait each commit would pay a whole
-// fsync for the first few of them. A lone create is committed at once.
+// gather adds every queued create to the batch, up to 256. After a batch
+// that had company it waits up to 1 ms for this one to grow as large,
+// because the clients a commit answered send their next creates a round
+// trip later. A lone create is committed at once.
 func (s *store) gather(batch []*createRequest, last int) []*createRequest {
 	wait := time.NewTimer(time.Millisecond)
 	defer wait.Stop()
@@ -326,8 +310,8 @@ func (s *store) gather(batch []*createRequest, last int) []*createRequest {
 	return batch
 }
 
-// checkpoint copies the WAL's pages into the database file without
-// waiting for readers.
+// checkpoint copies the WAL into the database file, without waiting for
+// readers.
 func (s *store) checkpoint() error {
 	var busy, frames, copied int
 	return s.writer.QueryRow("PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied)
@@ -353,9 +337,8 @@ func (s *store) commit(batch []*createRequest) bool {
 }
 
 // insertBatch inserts a batch in one transaction and sets each create's
-// outcome. An error means nothing was stored. The statements run without
-// the clients' contexts, because one client leaving must not abort the
-// others' inserts.
+// outcome. An error means that nothing was stored. No client's context
+// is passed down, because one client leaving must not abort the batch.
 func (s *store) insertBatch(batch []*createRequest) error {
 	tx, err := s.writer.Begin()
 	if err != nil {
@@ -363,13 +346,13 @@ func (s *store) insertBatch(batch []*createRequest) error {
 	}
 	defer tx.Rollback()
 	for _, c := range batch {
-		// This runs with the write lock held. A create whose client left,
-		// or whose deadline passed, before its insert is not stored.
+		// With the write lock held: a create whose client left, or whose
+		// deadline passed, is not stored.
 		if c.err = notStored(c.ctx.Err()); c.err != nil {
 			continue
 		}
-		// A create that a rule of the file refuses, such as an operator's
-		// trigger, fails alone: SQLite undoes only its statement.
+		// SQLite undoes only the statement that a rule of the file, such
+		// as an operator's trigger, refuses, so that create fails alone.
 		if err := s.insertPet(tx, c); isConstraint(err) {
 			c.err = &refusedError{err}
 		} else if err != nil {
@@ -385,7 +368,7 @@ func (s *store) insertBatch(batch []*createRequest) error {
 func (s *store) insertPet(tx *sql.Tx, c *createRequest) error {
 	var key, scope, fingerprint any // NULL without an Idempotency-Key
 	if c.key != "" {
-		// The fingerprint is of the pet after defaults. A name never holds NUL.
+		// The pet after defaults; a name never holds NUL.
 		sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%s", c.pet.Name, c.pet.CategoryID, c.pet.Status))
 		p := &c.stored
 		var stored []byte
@@ -423,8 +406,7 @@ func (s *store) insertPet(tx *sql.Tx, c *createRequest) error {
 
 // listPets returns up to limit pets with an id above after, of status
 // unless it is "", in ascending id. Reads take no context, because
-// go-sqlite3 watches a query's context with a goroutine of its own, and a
-// page is read in well under a millisecond.
+// go-sqlite3 would watch it with a goroutine per query.
 func (s *store) listPets(status string, after int64, limit int) ([]Pet, error) {
 	stmt, args := s.listAll, []any{after, limit}
 	if status != "" {
@@ -457,8 +439,8 @@ func (s *store) getPet(id int64) (Pet, error) {
 }
 
 // health returns nil while a pet can be both read and stored. The last
-// commit, of creates or of a probe, tells whether a pet can be stored for
-// a second, so that a flood of checks costs at most one probe a second.
+// commit's outcome stands for a second, so that a flood of checks costs
+// at most one probe per second.
 func (s *store) health() error {
 	if _, err := s.listPets("", 0, 1); err != nil {
 		return err
@@ -468,8 +450,8 @@ func (s *store) health() error {
 	if last := s.lastWrite.Load(); last != nil && time.Since(last.at) < time.Second {
 		return last.err
 	}
-	// It takes no client's context, because one client leaving must not
-	// be every check's answer.
+	// Not a client's context, because one client leaving must not be
+	// every check's answer.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, _, err := s.send(&createRequest{ctx: ctx, probe: true})
@@ -480,16 +462,14 @@ func (s *store) health() error {
 	return err
 }
 
-// probeWrite writes what a create writes, a longest name and a key,
-// because a smaller write could fit on a disk where a create does not,
-// and deletes it. Its id is 0, which no create gets, so that it consumes
-// no id. It is done when the delete counts one row.
+// probeWrite writes what a create writes, with a longest name and a key,
+// because a smaller write could fit where a create does not, and deletes
+// it. Its id is 0, which no create gets, so it consumes no id.
 const probeWrite = `INSERT INTO pets (id, name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
 	VALUES (0, printf('%.100c', 'p'), 1, 'available', 'petstore-probe', x'00', x'00'); DELETE FROM pets WHERE id = 0`
 
-// fault returns err as a *storageError when the storage is at fault,
-// and other errors as they are. An I/O error or a damaged file closes
-// s.failed, once.
+// fault returns err as a *storageError if the storage is at fault, and
+// closes s.failed for an I/O error or a damaged file.
 func (s *store) fault(err error) error {
 	f := asFault(err)
 	if f == nil {
@@ -502,10 +482,9 @@ func (s *store) fault(err error) error {
 }
 
 // close stops the writer loop after the commit under way and closes the
-// file. Later calls return the first call's result. After a failure it
-// closes nothing, because closing the writer would checkpoint onto
-// storage that failed: the process is to exit, and the next start
-// recovers from the -wal.
+// file. After a failure it closes nothing, because closing the writer
+// would checkpoint onto the failed storage; the next start recovers from
+// the -wal.
 func (s *store) close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
@@ -520,8 +499,7 @@ func (s *store) close() error {
 }
 
 // closeFiles closes the pools, then the lock, because closing any
-// descriptor of the file drops the process's POSIX locks, SQLite's among
-// them.
+// descriptor of the file drops the process's POSIX locks, SQLite's too.
 func (s *store) closeFiles() error {
 	var err error
 	if s.writer != nil {
