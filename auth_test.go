@@ -74,21 +74,6 @@ func TestKeysRefused(t *testing.T) {
 	}
 }
 
-// TestManyWrongKeys: each wrong key from one address is a 401 with one
-// line naming the address; then the right key from it is served.
-func TestManyWrongKeys(t *testing.T) {
-	svc := startService(t, nil)
-	for i := range 50 {
-		svc.check(t, call{method: "GET", path: "/v1/pets", header: map[string]string{"Authorization": fmt.Sprintf("Bearer guess-%020d", i)}},
-			reply{401, map[string]string{"WWW-Authenticate": `Bearer realm="petstore", error="invalid_token"`}, errorBody(401, "unauthorized", "invalid API key")})
-	}
-	svc.check(t, call{method: "GET", path: "/v1/pets"}, reply{200, nil, `[]`})
-	must(t, svc.stop()) // its log written out
-	if n := strings.Count(svc.log.String(), `msg="authentication failed" client=127.0.0.1 key=invalid`); n != 50 {
-		t.Errorf("%d lines of failed authentication, want 50", n)
-	}
-}
-
 // TestGeneratedKey: with no key configured, the first start writes one to
 // DB.key beside the database (mode 0600) and serves with it; the log
 // names the file and never the key, in JSON on every line; the next

@@ -48,8 +48,7 @@ func TestBackupAndRestore(t *testing.T) {
 	}
 	wg.Wait()
 	foreign := filepath.Join(dir, "notes.db")
-	_, err := sqlite(t, foreign).Exec("CREATE TABLE notes (body TEXT)")
-	must(t, err)
+	execSQL(t, foreign, "CREATE TABLE notes (body TEXT)")
 	must(t, os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("my notes"), 0o600))
 	for _, tt := range []struct {
 		args []string

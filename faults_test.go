@@ -23,9 +23,7 @@ func mount(t *testing.T, args ...string) string {
 		t.Skip("needs root (it mounts filesystems); skipped")
 	}
 	dir := t.TempDir()
-	if out, err := exec.Command("mount", append(args, dir)...).CombinedOutput(); err != nil {
-		t.Fatalf("mount %v: %v %s", args, err, out)
-	}
+	command(t, "", "mount", append(args, dir)...)
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
 	return dir
 }
@@ -102,16 +100,12 @@ func TestReadOnly(t *testing.T) {
 		{{"chattr", "+i", svc.db}, {"chattr", "-i", svc.db}},
 		{{"mount", "-o", "remount,ro", dir}, {"mount", "-o", "remount,rw", dir}},
 	} {
-		if out, err := exec.Command(how[0][0], how[0][1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v %s", how[0], err, out)
-		}
+		command(t, "", how[0][0], how[0][1:]...)
 		svc = startService(t, nil, "-db", svc.db)
 		svc.check(t, call{method: "GET", path: "/v1/pets"}, rex)
 		svc.check(t, health, readOnly)
 		svc.check(t, aPet, readOnly)
-		if out, err := exec.Command(how[1][0], how[1][1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v %s", how[1], err, out)
-		}
+		command(t, "", how[1][0], how[1][1:]...)
 		must(t, svc.stop())
 		svc = startService(t, nil, "-db", svc.db)
 		svc.check(t, health, healthy)
@@ -161,13 +155,10 @@ func TestFailedFsync(t *testing.T) {
 	gcc := needTool(t, "gcc", "apt-get install gcc")
 	dir := t.TempDir()
 	shim := filepath.Join(dir, "failfsync.so")
-	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", shim, "testdata/failfsync/failfsync.c", "-ldl").CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v %s", err, out)
-	}
-	bin := dynamicBinary(t)
+	command(t, "", gcc, "-shared", "-fPIC", "-o", shim, "testdata/failfsync/failfsync.c", "-ldl")
 	for _, suffix := range []string{"pets.db-wal", "pets.db"} {
 		trigger := filepath.Join(t.TempDir(), "fail")
-		svc := startBinaryOf(t, bin, map[string]string{"LD_PRELOAD": shim, "FAIL_FSYNC_WHEN": trigger, "FAIL_FSYNC_SUFFIX": suffix})
+		svc := startBinary(t, map[string]string{"LD_PRELOAD": shim, "FAIL_FSYNC_WHEN": trigger, "FAIL_FSYNC_SUFFIX": suffix})
 		var mu sync.Mutex
 		var acked []string
 		var failedAt time.Time

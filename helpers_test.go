@@ -96,21 +96,6 @@ var binaryPath = sync.OnceValues(func() (string, error) {
 	return path, nil
 })
 
-// dynamicBinary is the built petstore, unless PETSTORE_TEST_BINARY names
-// another, which may be static: then a build that LD_PRELOAD works on.
-func dynamicBinary(t testing.TB) string {
-	path, err := binaryPath()
-	if os.Getenv("PETSTORE_TEST_BINARY") != "" {
-		path = filepath.Join(t.TempDir(), "petstore")
-		var out []byte
-		if out, err = exec.Command("go", "build", "-o", path, ".").CombinedOutput(); err != nil {
-			err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	}
-	must(t, err)
-	return path
-}
-
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if path, err := binaryPath(); err == nil && os.Getenv("PETSTORE_TEST_BINARY") == "" {
@@ -124,12 +109,6 @@ func startBinary(t testing.TB, env map[string]string, args ...string) *service {
 	t.Helper()
 	path, err := binaryPath()
 	must(t, err)
-	return startBinaryOf(t, path, env, args...)
-}
-
-// startBinaryOf runs the petstore binary at path as startBinary does.
-func startBinaryOf(t testing.TB, path string, env map[string]string, args ...string) *service {
-	t.Helper()
 	svc := &service{log: &logLines{}, dir: t.TempDir()}
 	svc.cmd = exec.Command(path, append([]string{"-addr", "127.0.0.1:0", "-db", filepath.Join(svc.dir, "pets.db")}, args...)...)
 	svc.cmd.Dir = svc.dir
@@ -219,11 +198,11 @@ func (svc *service) send(t testing.TB, c call) (reply, http.Header) {
 		client = svc.client
 	}
 	resp, err := client.Do(req)
-	if err != nil {
-		return reply{body: err.Error()}, http.Header{}
+	var body []byte
+	if err == nil {
+		defer resp.Body.Close()
+		body, err = io.ReadAll(resp.Body)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return reply{body: err.Error()}, http.Header{}
 	}
@@ -293,6 +272,21 @@ func needTool(t testing.TB, tool, install string) string {
 	return path
 }
 
+// command runs name in dir and returns what it printed on stdout and on
+// stderr, failing the test with both if it fails.
+func command(t testing.TB, dir, name string, args ...string) (stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out, errOut.String())
+	}
+	return string(out), errOut.String()
+}
+
 // rawRequest sends request as written on a connection of its own, closes
 // its sending half if asked, and returns all that comes back.
 func rawRequest(t testing.TB, addr, request string, closeWrite bool) string {
@@ -322,6 +316,14 @@ func sqlite(t testing.TB, path string) *sql.DB {
 	must(t, err)
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// execSQL runs query on the database file at path, as an operator's
+// sqlite3 would.
+func execSQL(t testing.TB, path, query string) {
+	t.Helper()
+	_, err := sqlite(t, path).Exec(query)
+	must(t, err)
 }
 
 // createPets stores pets through the API, failing the test if one is

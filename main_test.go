@@ -13,7 +13,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -219,9 +218,7 @@ func TestSystemdUnits(t *testing.T) {
 	must(t, err)
 	for _, line := range regexp.MustCompile(`(?m)^ExecStart(?:Pre|Post)?=(.*)$`).FindAllStringSubmatch(string(unit), -1) {
 		script := strings.NewReplacer("/var/lib/petstore/petstore.db", svc.db, "/var/lib/petstore-backups", backups, "/usr/local/bin/petstore", path, "$$", "$", "%%", "%").Replace(line[1])
-		if out, err := exec.Command("sh", "-c", script).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v %s", script, err, out)
-		}
+		command(t, "", "sh", "-c", script)
 		if _, err := os.Stat(stale); os.IsNotExist(err) && strings.Contains(line[0], "Pre") {
 			must(t, os.WriteFile(stale, nil, 0o600))
 			must(t, os.Chtimes(stale, time.Now().AddDate(0, 0, -15), time.Now().AddDate(0, 0, -15)))
@@ -257,29 +254,21 @@ func TestFewDescriptors(t *testing.T) {
 	prlimit := needTool(t, "prlimit", "apt-get install util-linux")
 	svc := startBinary(t, nil)
 	createPets(t, svc, `{"name":"Rex","categoryId":1}`)
-	if out, err := exec.Command(prlimit, "--pid", strconv.Itoa(svc.cmd.Process.Pid), "--nofile=96:96").CombinedOutput(); err != nil {
-		t.Fatalf("prlimit: %v %s", err, out)
-	}
+	command(t, "", prlimit, "--pid", strconv.Itoa(svc.cmd.Process.Pid), "--nofile=96:96")
 	var mu sync.Mutex
 	statuses := map[int]int{}
 	var wg sync.WaitGroup
 	for range 200 {
 		wg.Add(1)
+		client := *svc
+		client.client = &http.Client{Transport: &http.Transport{}} // a connection of its own
 		go func() {
 			defer wg.Done()
-			client := &http.Client{Transport: &http.Transport{}} // a connection of its own
-			defer client.CloseIdleConnections()
+			defer client.client.CloseIdleConnections()
 			for range 20 {
-				req, _ := http.NewRequest("GET", svc.url+"/v1/pets?limit=1", nil)
-				req.Header.Set("Authorization", "Bearer "+testKey)
-				status := 0
-				if resp, err := client.Do(req); err == nil {
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					status = resp.StatusCode
-				}
+				got, _ := client.send(t, call{method: "GET", path: "/v1/pets?limit=1"})
 				mu.Lock()
-				statuses[status]++
+				statuses[got.status]++
 				mu.Unlock()
 			}
 		}()

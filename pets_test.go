@@ -78,10 +78,6 @@ func TestSession(t *testing.T) {
 	}
 	// A wrong key on a public path leaves no trace of itself in the log.
 	svc.check(t, call{method: "GET", path: "/healthz", header: map[string]string{"Authorization": "Bearer wrong-key-1111111111111"}}, reply{200, nil, `{"status":"ok"}`})
-	// A path with a "//" segment gets net/http's own redirect.
-	if answer := rawRequest(t, strings.TrimPrefix(svc.url, "http://"), "GET /v1//pets HTTP/1.1\r\nHost: petstore\r\nConnection: close\r\n\r\n", false); !strings.HasPrefix(answer, "HTTP/1.1 307 ") || !strings.Contains(answer, "\r\nLocation: /v1/pets\r\n") {
-		t.Errorf("GET /v1//pets: %q, want net/http's 307 to /v1/pets", answer)
-	}
 	// The access log: a line per request, the accepted key by its
 	// digest's first 8 hex digits, never a key, and each failed
 	// authentication by the client's address.
@@ -109,8 +105,7 @@ func TestSession(t *testing.T) {
 func TestConcurrentReads(t *testing.T) {
 	svc := startService(t, nil)
 	createPets(t, svc, `{"name":"Rex","categoryId":1}`, `{"name":"Tom","categoryId":2,"status":"sold"}`)
-	_, err := sqlite(t, svc.db).Exec(`CREATE TABLE probes (at); CREATE TRIGGER count_probes AFTER INSERT ON pets BEGIN INSERT INTO probes VALUES (1); END`)
-	must(t, err)
+	execSQL(t, svc.db, `CREATE TABLE probes (at); CREATE TRIGGER count_probes AFTER INSERT ON pets BEGIN INSERT INTO probes VALUES (1); END`)
 	start, clients := time.Now(), make(chan bool, 80)
 	for i := range cap(clients) {
 		go func() {

@@ -50,8 +50,7 @@ func TestDeployedSchemas(t *testing.T) {
 				script += fmt.Sprintf(`INSERT INTO pets (name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
 					VALUES ('Luna', 1, 'available', 'order-1', x'%x', x'%x');`, scope[:16], sha256.Sum256([]byte("Luna\x001\x00available")))
 			}
-			_, err := sqlite(t, db).Exec(script + fmt.Sprintf("PRAGMA user_version = %d;", v))
-			must(t, err)
+			execSQL(t, db, script+fmt.Sprintf("PRAGMA user_version = %d;", v))
 			if _, err := runCommand("backup", "-db", db, db+".backup"); err != nil && v > 0 {
 				t.Errorf("a backup of it: %v", err)
 			}
@@ -93,10 +92,9 @@ func TestForeignFiles(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			db := filepath.Join(t.TempDir(), "other.db")
-			_, err := sqlite(t, db).Exec(tt.sql)
-			must(t, err)
+			execSQL(t, db, tt.sql)
 			before, _ := os.ReadFile(db)
-			err = run(context.Background(), []string{"petstore", "-addr", "127.0.0.1:0", "-db", db}, func(k string) string { return testEnv(nil)[k] }, nil, &logLines{})
+			err := run(context.Background(), []string{"petstore", "-addr", "127.0.0.1:0", "-db", db}, func(k string) string { return testEnv(nil)[k] }, nil, &logLines{})
 			if want := "open database " + db + ": " + tt.want; err == nil || err.Error() != want {
 				t.Errorf("run = %v, want %s", err, want)
 			}
@@ -114,20 +112,16 @@ func TestForeignFiles(t *testing.T) {
 // writes fails the health check.
 func TestOutsideTheService(t *testing.T) {
 	svc := startService(t, nil)
-	operator := sqlite(t, svc.db)
-	_, err := operator.Exec(`INSERT INTO pets (name, category_id, status) VALUES ('Outside', 1, 'sold')`)
-	must(t, err)
+	execSQL(t, svc.db, `INSERT INTO pets (name, category_id, status) VALUES ('Outside', 1, 'sold')`)
 	svc.check(t, call{method: "GET", path: "/v1/pets/1"}, reply{200, nil, `{"id":1,"name":"Outside","categoryId":1,"status":"sold"}`})
 	// A trigger that refuses writes, loudly or without a word, fails the
 	// health check's probe, which takes nothing back but its own row. A
 	// check's answer stands a second.
 	for _, refusal := range []string{"RAISE(ABORT, 'catalogue frozen')", "RAISE(IGNORE)"} {
-		_, err = operator.Exec(`CREATE TRIGGER frozen BEFORE INSERT ON pets BEGIN SELECT ` + refusal + `; END`)
-		must(t, err)
+		execSQL(t, svc.db, `CREATE TRIGGER frozen BEFORE INSERT ON pets BEGIN SELECT `+refusal+`; END`)
 		waitFor(t, "/healthz to fail", func() bool { got, _ := svc.send(t, health); return got.status != 200 })
 		svc.check(t, health, reply{503, map[string]string{"Retry-After": "1"}, errorBody(503, "unavailable", string(faultRefused))})
-		_, err = operator.Exec(`DROP TRIGGER frozen`)
-		must(t, err)
+		execSQL(t, svc.db, `DROP TRIGGER frozen`)
 		waitFor(t, "/healthz to recover", func() bool { got, _ := svc.send(t, health); return got.status == 200 })
 	}
 	svc.check(t, call{method: "GET", path: "/v1/pets"}, reply{200, nil, `[{"id":1,"name":"Outside","categoryId":1,"status":"sold"}]`})
@@ -185,9 +179,8 @@ func TestRefusedCreateSparesItsBatch(t *testing.T) {
 	st, err := openStore(db)
 	must(t, err)
 	defer st.close()
-	_, err = sqlite(t, db).Exec(`CREATE TRIGGER no_cats BEFORE INSERT ON pets WHEN NEW.name = 'Cat' BEGIN SELECT RAISE(ABORT, 'no cats here'); END;
+	execSQL(t, db, `CREATE TRIGGER no_cats BEFORE INSERT ON pets WHEN NEW.name = 'Cat' BEGIN SELECT RAISE(ABORT, 'no cats here'); END;
 		CREATE TRIGGER no_ghosts BEFORE INSERT ON pets WHEN NEW.name = 'Ghost' BEGIN SELECT RAISE(IGNORE); END`)
-	must(t, err)
 	late, cancel := context.WithDeadline(context.Background(), time.Now()) // its deadline passed before its insert
 	defer cancel()
 	var batch []*createRequest
