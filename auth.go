@@ -31,19 +31,10 @@ type keyDigest [sha256.Size]byte
 func digestOf(key string) keyDigest { return sha256.Sum256([]byte(key)) }
 
 // keyRing is the set of accepted keys, from the PETSTORE_API_KEYS list
-// and a keys file. reload swaps the set whole.
+// and a keys file. reload replaces the whole set at once.
 type keyRing struct {
 	list, file string
 	digests    atomic.Pointer[[]keyDigest]
-}
-
-// newKeyRing loads the configured keys, if any.
-func newKeyRing(list, file string) (*keyRing, error) {
-	k := &keyRing{list: list, file: file}
-	if list == "" && file == "" {
-		return k, nil
-	}
-	return k, k.reload()
 }
 
 // useKeyFile, with no key configured, creates DB.key with a random key
@@ -66,8 +57,8 @@ func (k *keyRing) useKeyFile(db string, log *slog.Logger) error {
 	return k.reload()
 }
 
-// reload reads the keys again. What does not load changes nothing, and
-// its error names the entry, never the key.
+// reload reads the keys again. If they do not load, the old ones stay in
+// force, and the error names the entry, never the key.
 func (k *keyRing) reload() error {
 	digests, err := parseKeys(k.list, ",", "PETSTORE_API_KEYS: key")
 	if err == nil && k.file != "" {
@@ -77,13 +68,14 @@ func (k *keyRing) reload() error {
 		}
 		fromFile, parseErr := parseKeys(string(data), "\n", "API keys file "+k.file+": line")
 		if err = parseErr; err == nil && len(fromFile) == 0 {
-			// as a > typed for >> leaves it; it would lock every client out
+			// An empty file, as a > typed for >> leaves, would lock every
+			// client out.
 			err = fmt.Errorf("API keys file %s holds no key", k.file)
 		}
 		digests = append(digests, fromFile...)
 	}
 	if err == nil && len(digests) == 0 {
-		err = errors.New("PETSTORE_API_KEYS holds no key") // " , " says there are keys, and gives none
+		err = errors.New("PETSTORE_API_KEYS holds no key") // such as " , "
 	}
 	if err == nil {
 		k.digests.Store(&digests)
@@ -129,7 +121,7 @@ const minKeyLength = 20
 // parseKey reads one key, or sha256:<hex digest>, and says what is
 // wrong with it, if anything.
 func parseKey(entry string) (d keyDigest, problem string) {
-	if len(entry) > 7 && strings.EqualFold(entry[:7], "sha256:") { // in any case, or a digest line would be a key
+	if len(entry) > 7 && strings.EqualFold(entry[:7], "sha256:") { // any case, so that SHA256: is not read as a key
 		b, err := hex.DecodeString(entry[7:])
 		if err != nil || len(b) != sha256.Size {
 			return d, "is not sha256: followed by the 64 hex digits of the key's SHA-256 digest"
@@ -207,7 +199,8 @@ func requireAPIKey(keys *keyRing, log *slog.Logger, next http.Handler) http.Hand
 type callerKey struct{}
 
 // idempotencyScope is what an Idempotency-Key is stored with, so that it
-// belongs to the API key that sent it. No keys-file line matches it.
+// belongs to the API key that sent it. It is derived from the key's
+// digest, so that the database never holds what a keys file holds.
 func idempotencyScope(ctx context.Context) []byte {
 	d := ctx.Value(callerKey{}).(*keyDigest)
 	sum := sha256.Sum256(append([]byte("petstore idempotency scope\x00"), d[:]...))

@@ -57,6 +57,8 @@ func runBackupCommand(ctx context.Context, args []string, getenv func(string) st
 func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("%s already exists; a backup never overwrites a file", dst)
+	} else if err := checkNotEmptied(src); err != nil {
+		return 0, fmt.Errorf("back up %s: %w", src, err)
 	}
 	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
 	if err != nil {
@@ -106,22 +108,20 @@ func restoreDatabase(ctx context.Context, from, path string, lastID int64) (pets
 	if err != nil {
 		return 0, err
 	}
-	if _, err := inspect(path); errors.Is(err, errNotPetstore) {
-		return 0, fmt.Errorf("database %s: %w; it is left as it is", path, err)
+	if _, err := inspect(path); errors.Is(err, errNotPetstore) && lastID < 0 {
+		return 0, fmt.Errorf("database %s: %w; it is left as it is (if it is petstore's, damaged, give -last-id)", path, err)
 	}
-	var top int64 // an empty file has given out no id
-	if info.Size() > 0 {
-		old, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
-		err = old.QueryRowContext(ctx, `SELECT max(coalesce((SELECT max(id) FROM pets), 0), coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))`).Scan(&top)
-		old.Close()
-	}
+	top, err := highestID(ctx, path)
 	if err != nil && lastID < 0 {
 		return 0, fmt.Errorf("database %s: the highest id it holds or gave out cannot be read (%v), so a restore could give a client's id to another pet; it is left as it is. "+
 			"Find that id (sqlite3 %s .recover, or your clients' records) and run restore again with -last-id ID", path, err, path)
 	}
-	top = max(top, lastID)
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".restoring")
-	os.Remove(tmp) // one left by a restore that was stopped
+	// A copy left by a restore that was stopped holds the id it raised to,
+	// which the old file may have lost since with its -wal.
+	left, _ := highestID(ctx, tmp)
+	top = max(top, lastID, left)
+	os.Remove(tmp)
 	defer os.Remove(tmp)
 	if pets, err = backupDatabase(ctx, from, tmp); err != nil {
 		return 0, err
@@ -146,6 +146,21 @@ func restoreDatabase(ctx context.Context, from, path string, lastID int64) (pets
 		return 0, err
 	}
 	return pets, syncPath(filepath.Dir(path))
+}
+
+// highestID reads the highest id that the file at path holds or gave
+// out. An empty file has given out none.
+func highestID(ctx context.Context, path string) (top int64, err error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	} else if info.Size() == 0 {
+		return 0, checkNotEmptied(path)
+	}
+	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
+	defer db.Close()
+	err = db.QueryRowContext(ctx, `SELECT max(coalesce((SELECT max(id) FROM pets), 0), coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'pets'), 0))`).Scan(&top)
+	return top, err
 }
 
 // syncPath fsyncs a file or a directory.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -62,8 +63,8 @@ func TestDiskFull(t *testing.T) {
 	svc := startService(t, nil, "-db", filepath.Join(dir, "pets.db"))
 	createPets(t, svc, aPet.body)
 	free := fill(t, dir)
-	acked := 1
-	for got, _ := svc.send(t, aPet); got.status == 201; got, _ = svc.send(t, aPet) {
+	acked, big := 1, call{method: "POST", path: "/v1/pets", body: `{"name":"` + strings.Repeat("😀", 100) + `","categoryId":1}`}
+	for got, _ := svc.send(t, big); got.status == 201; got, _ = svc.send(t, big) {
 		acked++ // what the last free pages took
 	}
 	svc.check(t, aPet, diskFull)
@@ -77,8 +78,8 @@ func TestDiskFull(t *testing.T) {
 	must(t, svc.stop())
 	free = fill(t, dir)
 	svc = startService(t, nil, "-db", svc.db)
-	svc.check(t, health, diskFull)
-	svc.check(t, aPet, diskFull)
+	svc.check(t, health, diskFull) // the probe's own write, larger than any create
+	svc.check(t, big, diskFull)
 	svc.check(t, call{method: "GET", path: fmt.Sprintf("/v1/pets/%d", acked+1)}, reply{200, nil, fmt.Sprintf(`{"id":%d,"name":"Rex","categoryId":1,"status":"available"}`, acked+1)})
 	free()
 	svc.check(t, aPet, reply{201, nil, fmt.Sprintf(`{"id":%d,"name":"Rex","categoryId":1,"status":"available"}`, acked+2)})
@@ -142,8 +143,34 @@ func TestDamagedFile(t *testing.T) {
 		got, _ = svc.send(t, call{method: "GET", path: fmt.Sprintf("/v1/pets?limit=100&after=%d", after)})
 	}
 	var exit *exec.ExitError
-	if err := svc.exit(); !errors.As(err, &exit) || exit.ExitCode() != 1 || strings.Count(svc.log.String(), "level=ERROR") != 1 || !strings.Contains(svc.log.String(), "petstore restore") {
+	if err := svc.exit(); !errors.As(err, &exit) || exit.ExitCode() != 1 || strings.Count(svc.log.String(), "level=ERROR") != 1 || !strings.Contains(svc.log.String(), "petstore restore") ||
+		strings.Contains(svc.log.String(), "petstore: ") {
 		t.Errorf("a service that read a damaged file: %v, want exit status 1, one ERROR line and petstore restore named:\n%s", err, svc.log)
+	}
+}
+
+// TestEmptiedFile: a database file emptied by hand, or removed, beside a
+// -wal that holds its pets, is refused at start, naming petstore restore,
+// and by restore, because SQLite would drop the -wal and reuse its ids.
+func TestEmptiedFile(t *testing.T) {
+	svc := startBinary(t, nil)
+	createPets(t, svc, aPet.body, aPet.body)
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	_, err := runCommand("backup", "-db", svc.db, backup)
+	must(t, err)
+	must(t, svc.cmd.Process.Kill()) // the pets are in the -wal only
+	svc.exit()
+	for _, empty := range []func() error{func() error { return os.Truncate(svc.db, 0) }, func() error { return os.Remove(svc.db) }} {
+		must(t, empty())
+		stopped, stop := context.WithCancel(context.Background())
+		stop() // a start that is not refused serves nothing, and returns
+		err := run(stopped, []string{"petstore", "-addr", "127.0.0.1:0", "-db", svc.db}, func(k string) string { return testEnv(nil)[k] }, nil, &logLines{})
+		if err == nil || !strings.Contains(err.Error(), "its -wal holds data") || !strings.Contains(err.Error(), "petstore restore") {
+			t.Errorf("a start on an emptied file: %v", err)
+		}
+		if _, err := runCommand("restore", "-db", svc.db, "-from", backup); err == nil || !strings.Contains(err.Error(), "cannot be read") {
+			t.Errorf("a restore over an emptied file: %v", err)
+		}
 	}
 }
 

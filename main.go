@@ -24,11 +24,16 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
+	if errors.Is(err, errStorageFailed) {
+		os.Exit(1) // serve logged it
+	} else if err != nil {
 		fmt.Fprintf(os.Stderr, "petstore: %v\n", err)
 		os.Exit(1)
 	}
 }
+
+// errStorageFailed is serve's error when the storage lost what it had.
+var errStorageFailed = errors.New("stopped because the storage failed")
 
 // needsCgo is what a binary built without cgo says.
 const needsCgo = "petstore needs cgo and a C compiler: it keeps its pets in SQLite, which is C, and this binary was built with cgo off (CGO_ENABLED=0, or no C compiler was found). Install a C compiler and build again with CGO_ENABLED=1:\n  Debian, Ubuntu: apt-get install gcc\n  Alpine:         apk add gcc musl-dev\n  macOS:          xcode-select --install"
@@ -36,8 +41,8 @@ const needsCgo = "petstore needs cgo and a C compiler: it keeps its pets in SQLi
 // restoreAdvice is what to do when the storage failed.
 const restoreAdvice = "check the disk (dmesg) and start again: SQLite recovers what reached the -wal. If the file is damaged, put back a backup with petstore restore (docs/operations.md, When the storage fails)"
 
-// run is the whole program: the service until ctx is done, or a command.
-// Every failure is returned.
+// run runs a command, or serves until ctx is done. It returns every
+// failure.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var err error
 	switch append(args, "")[1] {
@@ -62,13 +67,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // serve answers until ctx is done or the storage fails. A bad key or
 // certificate fails first, and a busy port before the database opens.
 func serve(ctx context.Context, cfg config, getenv func(string) string, log *slog.Logger) error {
-	// SIGHUP would kill the process, and systemd may send it at once.
+	// SIGHUP is caught from the start, because by default it kills the
+	// process, and systemd may send a reload at once.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	keys, err := newKeyRing(getenv("PETSTORE_API_KEYS"), cfg.apiKeysFile)
-	if err != nil {
-		return err
+	keys := &keyRing{list: getenv("PETSTORE_API_KEYS"), file: cfg.apiKeysFile}
+	if keys.list != "" || keys.file != "" {
+		if err := keys.reload(); err != nil {
+			return err
+		}
 	}
 	var cert atomic.Pointer[tls.Certificate]
 	loadCert := func() error {
@@ -79,25 +87,23 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 		cert.Store(&c)
 		return nil
 	}
-	if cfg.tlsCert != "" {
-		if err := loadCert(); err != nil {
-			return err
-		}
-	}
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.addr, err)
 	}
+	defer ln.Close()
 	if cfg.tlsCert != "" {
+		if err := loadCert(); err != nil {
+			return err
+		}
 		// Each new handshake gets the certificate in force.
 		ln = tls.NewListener(ln, &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"},
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil }})
 	}
-	defer ln.Close()
 	st, err := openStore(cfg.db)
 	switch {
 	case errors.Is(err, errNotPetstore):
-		return fmt.Errorf("%w; use another -db file", err)
+		return fmt.Errorf("%w; use another -db file (or, for petstore's own file damaged, petstore restore -last-id)", err)
 	case isFatal(err):
 		return fmt.Errorf("%w; %s", err, restoreAdvice)
 	case err != nil:
@@ -107,7 +113,8 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	if err := keys.useKeyFile(cfg.db, log); err != nil {
 		return err
 	}
-	// Shorter than WriteTimeout, so that a create not stored gets a 503.
+	// A create not begun within createWithin is answered 503 before
+	// WriteTimeout.
 	createWithin := cfg.writeTimeout - min(2*time.Second, max(250*time.Millisecond, cfg.writeTimeout/4), cfg.writeTimeout/2)
 	srv := &http.Server{
 		Handler:           newHandler(&server{store: st, keys: keys, log: log, createWithin: createWithin}, cfg.corsOrigins),
@@ -131,10 +138,10 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 			// it gets no answer.
 			srv.Close()
 			log.Error("storage failed: the service stops without writing more", "db", cfg.db, "err", st.failure, "next", restoreAdvice)
-			return fmt.Errorf("stopped because the storage of %s failed", cfg.db)
+			return errStorageFailed
 		case <-ctx.Done():
 		case <-hup:
-			// What does not load changes nothing.
+			// If the new keys or certificate do not load, the old stay.
 			if err := keys.reload(); err != nil {
 				log.Error("SIGHUP: API keys not reloaded; the previous keys stay in force", "err", err)
 			} else {
@@ -209,7 +216,7 @@ func parseFlags(args []string, getenv func(string) string, stdout io.Writer) (co
 		return c, fmt.Errorf("-log-format (PETSTORE_LOG_FORMAT) must be text or json, got %q", c.logFormat)
 	}
 	for _, o := range strings.FieldsFunc(origins, func(r rune) bool { return r == ',' || r == ' ' }) {
-		// as copied from a browser's bar; an Origin has no "/"
+		// An address copied from a browser ends in "/"; an Origin does not.
 		c.corsOrigins = append(c.corsOrigins, strings.TrimSuffix(o, "/"))
 	}
 	return c, nil
@@ -225,6 +232,9 @@ func envName(name string) string {
 func parseArgs(fs *flag.FlagSet, args []string, getenv func(string) string, stdout io.Writer, usage string) error {
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "from" || f.Name == "last-id" {
+			return // a restore's own arguments, never a lingering variable
+		}
 		f.Usage += " (env " + envName(f.Name) + ")"
 		if v := getenv(envName(f.Name)); v != "" && err == nil {
 			if setErr := f.Value.Set(v); setErr != nil {

@@ -1,7 +1,7 @@
 //go:build !cgo
 
-// A build without cgo cannot run, because SQLite is C: it says so. The
-// rest stands in for sqlite.go, so that the code type-checks.
+// Without cgo there is no SQLite, so the binary prints needsCgo and
+// exits. The rest stands in for sqlite.go.
 
 package main
 

@@ -136,7 +136,7 @@ func TestOpenAPIRoutes(t *testing.T) {
 	src, err := os.ReadFile("pets.go")
 	must(t, err)
 	routes, documented := map[string]bool{}, map[string]bool{}
-	for _, m := range regexp.MustCompile(`handle\("([A-Z]+) (/[^"]*)"`).FindAllStringSubmatch(string(src), -1) {
+	for _, m := range regexp.MustCompile(`Handle\("([A-Z]+) (/[^"]*)"`).FindAllStringSubmatch(string(src), -1) {
 		routes[m[1]+" "+strings.TrimSuffix(m[2], "{$}")] = true // "/{$}" is the mux's "/ alone"
 	}
 	for p, item := range doc["paths"].(map[string]any) {

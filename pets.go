@@ -46,10 +46,8 @@ var petStatuses = []string{"available", "pending", "sold"}
 
 // The limits and dates of the API.
 const (
-	maxNameLength     = 100      // Unicode code points
-	maxBodyBytes      = 16 << 10 // well above the largest NewPet, 100 escaped four-byte characters
-	getPetDeprecation = "@1795305600"
-	getPetSunset      = "Thu, 05 Dec 2030 00:00:00 GMT"
+	maxNameLength = 100      // Unicode code points
+	maxBodyBytes  = 16 << 10 // well above the largest NewPet, 100 escaped four-byte characters
 	// lateWriteTimeout replaces WriteTimeout for answers that may be
 	// slow, such as a create's.
 	lateWriteTimeout = 10 * time.Second
@@ -73,32 +71,29 @@ type handler func(http.ResponseWriter, *http.Request) error
 // even for a path that does not exist.
 func newHandler(s *server, corsOrigins []string) http.Handler {
 	mux := http.NewServeMux()
-	handle := func(pattern string, h handler, public, deprecated bool) {
-		mux.Handle(pattern, s.wrap(h, public, deprecated))
-	}
-	handle("GET /{$}", serveIndex, true, false)
-	handle("GET /healthz", s.health, true, false)
-	handle("GET /openapi.json", serveDocument("application/json"), true, false)
-	handle("GET /openapi.yaml", serveDocument("application/yaml"), true, false)
-	handle("GET /v1/pets", s.listPets, false, false)
-	handle("POST /v1/pets", s.createPet, false, false)
-	handle("GET /v1/pets/{petId}", s.getPet, false, true)
-	handle("GET /v1/store/orders", listOrders, false, false)
+	mux.Handle("GET /{$}", s.wrap(serveIndex, true))
+	mux.Handle("GET /healthz", s.wrap(s.health, true))
+	mux.Handle("GET /openapi.json", s.wrap(serveDocument("application/json"), true))
+	mux.Handle("GET /openapi.yaml", s.wrap(serveDocument("application/yaml"), true))
+	mux.Handle("GET /v1/pets", s.wrap(s.listPets, false))
+	mux.Handle("POST /v1/pets", s.wrap(s.createPet, false))
+	mux.Handle("GET /v1/pets/{petId}", deprecate(s.wrap(s.getPet, false)))
+	mux.Handle("GET /v1/store/orders", s.wrap(listOrders, false))
 	for _, path := range []string{"/{$}", "/healthz", "/openapi.json", "/openapi.yaml"} {
-		handle(path, methodNotAllowed("GET, HEAD"), true, false)
+		mux.Handle(path, s.wrap(methodNotAllowed("GET, HEAD"), true))
 	}
-	handle("/v1/pets", methodNotAllowed("GET, HEAD, POST"), false, false)
-	handle("/v1/pets/{petId}", methodNotAllowed("GET, HEAD"), false, true)
-	handle("/v1/store/orders", methodNotAllowed("GET, HEAD"), false, false)
-	handle("/v1/", notFound, false, false)
-	handle("/v1", notFound, false, false)
-	handle("/", notFound, true, false)
+	mux.Handle("/v1/pets", s.wrap(methodNotAllowed("GET, HEAD, POST"), false))
+	mux.Handle("/v1/pets/{petId}", deprecate(s.wrap(methodNotAllowed("GET, HEAD"), false)))
+	mux.Handle("/v1/store/orders", s.wrap(methodNotAllowed("GET, HEAD"), false))
+	mux.Handle("/v1/", s.wrap(notFound, false))
+	mux.Handle("/v1", s.wrap(notFound, false))
+	mux.Handle("/", s.wrap(notFound, true))
 	return logRequests(s.log, recoverPanics(s.log, cors(corsOrigins, mux)))
 }
 
 // wrap makes h a handler whose error is answered, behind the key check
 // unless public.
-func (s *server) wrap(h handler, public, deprecated bool) http.Handler {
+func (s *server) wrap(h handler, public bool) http.Handler {
 	var next http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
 			writeError(w, r, s.log, err)
@@ -106,9 +101,6 @@ func (s *server) wrap(h handler, public, deprecated bool) http.Handler {
 	})
 	if !public {
 		next = requireAPIKey(s.keys, s.log, next)
-	}
-	if deprecated {
-		next = deprecate(next)
 	}
 	return next
 }
@@ -140,8 +132,7 @@ func (w *statusRecorder) WriteHeader(status int) {
 // Unwrap lets http.ResponseController reach the connection.
 func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// clientRequestID is an X-Request-Id kept as the client sent it, because
-// it cannot forge or bloat a log line.
+// clientRequestID matches an X-Request-Id that is safe to log as sent.
 var clientRequestID = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
 
 // logRequests marks every answer as not to be cached or sniffed, gives it
@@ -216,8 +207,8 @@ func cors(origins []string, next http.Handler) http.Handler {
 // date and the operation that replaces it, relative to /v1/pets/{petId}.
 func deprecate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Deprecation", getPetDeprecation)
-		w.Header().Set("Sunset", getPetSunset)
+		w.Header().Set("Deprecation", "@1795305600")
+		w.Header().Set("Sunset", "Thu, 05 Dec 2030 00:00:00 GMT")
 		w.Header().Set("Link", `<../pets>; rel="successor-version"`)
 		next.ServeHTTP(w, r)
 	})
@@ -240,21 +231,25 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// openapiDocument describes this API. A test holds it to the routes.
+// openapiDocument describes this API. TestOpenAPIRoutes checks it
+// against newHandler's routes.
 //
 //go:embed openapi.json
 var openapiDocument []byte
 
-// serveDocument answers the document as mediaType. JSON is YAML 1.2 too.
+// serveDocument answers the document as mediaType. JSON is valid YAML
+// 1.2, so one document serves both.
 func serveDocument(mediaType string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", mediaType)
-		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(openapiDocument))
+		w.Header().Set("Content-Length", strconv.Itoa(len(openapiDocument)))
+		w.Write(openapiDocument)
 		return nil
 	}
 }
 
-// listOrders answers the operation the specification names only.
+// listOrders answers 501: the specification names this operation but
+// does not describe it.
 func listOrders(w http.ResponseWriter, r *http.Request) error {
 	return errorf(http.StatusNotImplemented, "not_implemented", "GET /v1/store/orders is named by the specification but not specified, so it is not implemented")
 }
@@ -352,7 +347,7 @@ func isJSON(contentType string) bool {
 // after, the id of the last pet seen. An unknown or repeated parameter is
 // refused, so that "stauts" does not return every pet.
 func parseListQuery(raw string) (limit int, status string, after int64, err error) {
-	values, err := url.ParseQuery(strings.Join(slices.DeleteFunc(strings.Split(raw, "&"), func(p string) bool { return p == "" }), "&"))
+	values, err := url.ParseQuery(raw)
 	if err != nil {
 		return 0, "", 0, badParameter("malformed query string: use name=value pairs joined by &, percent-encoded")
 	}
@@ -406,8 +401,8 @@ func cut(s string) string {
 }
 
 // decodeNewPet reads a create's body and names every problem with it.
-// Decoding into the struct would match a member name in any case, let a
-// duplicate win, and take 1.0 or "1" for an integer.
+// Decoding into the struct would match member names in any case, let a
+// duplicate win, and stop at the first problem.
 func decodeNewPet(body []byte) (NewPet, error) {
 	trimmed := bytes.TrimSpace(body)
 	switch {
@@ -436,8 +431,39 @@ func decodeNewPet(body []byte) (NewPet, error) {
 		}
 	}
 	pet := NewPet{Status: petStatuses[0]}
-	problems = append(problems, nameProblem(members["name"], &pet.Name), categoryProblem(members["categoryId"], &pet.CategoryID), statusProblem(members["status"], &pet.Status))
-	problems = slices.DeleteFunc(problems, func(p string) bool { return p == "" })
+	name, category, status := members["name"], members["categoryId"], members["status"]
+	switch {
+	case name == nil || string(name) == "null":
+		problems = append(problems, "name is required")
+	case name[0] != '"' || json.Unmarshal(name, &pet.Name) != nil:
+		problems = append(problems, "name must be a string")
+	case strings.TrimSpace(pet.Name) == "":
+		problems = append(problems, "name must not be empty or only whitespace")
+	case utf8.RuneCountInString(pet.Name) > maxNameLength:
+		problems = append(problems, fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(pet.Name)))
+	case strings.ContainsFunc(pet.Name, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) }):
+		// Control characters break lines; format characters are invisible.
+		problems = append(problems, "name must not contain control, format or line separator characters (such as tab, newline, U+200B zero-width space, U+202E right-to-left override or U+2028)")
+	case strings.ContainsRune(pet.Name, utf8.RuneError):
+		// Decoding puts U+FFFD, silently, for half a surrogate pair.
+		problems = append(problems, "name must not contain U+FFFD, the replacement character, or a \\u escape of half a UTF-16 surrogate pair (such as \\ud800 alone)")
+	}
+	// categoryId is parsed from its text, so that a value of any size is
+	// kept exactly or refused.
+	id, err := strconv.ParseInt(string(category), 10, 64)
+	switch {
+	case category == nil || string(category) == "null":
+		problems = append(problems, "categoryId is required")
+	case category[0] == '"':
+		problems = append(problems, "categoryId must be a JSON integer from 1 to 9223372036854775807, not a string")
+	case err != nil || id < 1:
+		problems = append(problems, "categoryId must be a JSON integer from 1 to 9223372036854775807, got "+quote(string(category)))
+	default:
+		pet.CategoryID = id
+	}
+	if status != nil && (status[0] != '"' || json.Unmarshal(status, &pet.Status) != nil || !slices.Contains(petStatuses, pet.Status)) {
+		problems = append(problems, "status must be one of available, pending, sold (or omitted, for available), got "+cut(string(status)))
+	}
 	if len(problems) > 0 {
 		return NewPet{}, errors.New(strings.Join(problems, "; "))
 	}
@@ -456,49 +482,4 @@ func memberNames(body []byte) []string {
 		dec.Decode(new(json.RawMessage))
 	}
 	return names
-}
-
-// nameProblem checks the name member into name, and returns what is wrong.
-func nameProblem(raw json.RawMessage, name *string) string {
-	switch {
-	case raw == nil || string(raw) == "null":
-		return "name is required"
-	case raw[0] != '"' || json.Unmarshal(raw, name) != nil:
-		return "name must be a string"
-	case strings.TrimSpace(*name) == "":
-		return "name must not be empty or only whitespace"
-	case utf8.RuneCountInString(*name) > maxNameLength:
-		return fmt.Sprintf("name must be at most %d characters, got %d", maxNameLength, utf8.RuneCountInString(*name))
-	case strings.ContainsFunc(*name, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) }):
-		// Control characters break lines; format characters are invisible.
-		return "name must not contain control, format or line separator characters (such as tab, newline, U+200B zero-width space, U+202E right-to-left override or U+2028)"
-	case strings.ContainsRune(*name, utf8.RuneError):
-		// Decoding puts U+FFFD, silently, for half a surrogate pair.
-		return "name must not contain U+FFFD, the replacement character, or a \\u escape of half a UTF-16 surrogate pair (such as \\ud800 alone)"
-	}
-	return ""
-}
-
-// categoryProblem checks categoryId into id, parsed from its text so that
-// no float64 rounds it.
-func categoryProblem(raw json.RawMessage, id *int64) string {
-	n, err := strconv.ParseInt(string(raw), 10, 64)
-	switch {
-	case raw == nil || string(raw) == "null":
-		return "categoryId is required"
-	case raw[0] == '"':
-		return "categoryId must be a JSON integer from 1 to 9223372036854775807, not a string"
-	case err != nil || n < 1:
-		return "categoryId must be a JSON integer from 1 to 9223372036854775807, got " + quote(string(raw))
-	}
-	*id = n
-	return ""
-}
-
-// statusProblem checks an optional status into status.
-func statusProblem(raw json.RawMessage, status *string) string {
-	if raw != nil && (raw[0] != '"' || json.Unmarshal(raw, status) != nil || !slices.Contains(petStatuses, *status)) {
-		return "status must be one of available, pending, sold (or omitted, for available), got " + cut(string(raw))
-	}
-	return ""
 }

@@ -24,7 +24,7 @@ func init() {
 //   - PERSIST_WAL keeps the -wal and -shm, so that a start on a full or
 //     read-only disk need not make them again (TestDiskFull, TestReadOnly).
 //   - temp_store=MEMORY keeps a create's statement journal in memory.
-//   - wal_autocheckpoint=0 leaves checkpoints to store.checkpoint, because
+//   - wal_autocheckpoint=0 leaves checkpoints to the writer loop, because
 //     SQLite ignores a failed checkpoint after a commit (TestFailedFsync).
 func setUpConnection(c *sqlite3.SQLiteConn) error {
 	if err := c.SetFileControlInt("main", sqlite3.SQLITE_FCNTL_PERSIST_WAL, 1); err != nil {
@@ -34,9 +34,9 @@ func setUpConnection(c *sqlite3.SQLiteConn) error {
 	return err
 }
 
-// sqliteFault tells which storage fault an error of SQLite's is, if any.
-// The errno says more than SQLite's code, except after a failed fsync,
-// whose pages may be lost whatever the errno.
+// sqliteFault returns the fault a SQLite error stands for, if any. The
+// errno is checked first, because it is more precise. A failed fsync is
+// an I/O error whatever its errno.
 func sqliteFault(err error) (faultKind, bool) {
 	var e sqlite3.Error
 	if !errors.As(err, &e) {

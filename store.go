@@ -41,7 +41,7 @@ const petstoreApplicationID = 0x50455453
 //   - _journal_mode=WAL lets reads run beside the writer.
 //   - _synchronous=FULL fsyncs each commit, so that a 201 survives a
 //     power loss.
-//   - _busy_timeout=5000 waits up to 5 s for a lock that a backup or an
+//   - _busy_timeout=5000 waits up to 5 s for a lock that Litestream or an
 //     operator's sqlite3 holds.
 //   - _txlock=immediate takes the write lock when a transaction begins,
 //     so that a create never fails halfway for want of it.
@@ -102,6 +102,18 @@ func openStore(path string) (*store, error) {
 	}
 	go s.writeLoop()
 	return s, nil
+}
+
+// checkNotEmptied refuses a database file that is missing or empty while
+// its -wal holds data, because SQLite, even read-only, would then delete
+// the -wal, and with it every pet committed since the last checkpoint.
+func checkNotEmptied(path string) error {
+	db, dbErr := os.Stat(path)
+	wal, walErr := os.Stat(path + "-wal")
+	if walErr == nil && wal.Size() > 0 && (dbErr != nil || db.Size() == 0) {
+		return &storageError{faultDamaged, errors.New("the file is missing or empty while its -wal holds data; put back the file that was moved or emptied")}
+	}
+	return nil
 }
 
 // lockFile opens the file at path, creating it private to the user, and
@@ -182,9 +194,13 @@ func openConns(db *sql.DB, n int) error {
 
 // inspect reads whose file this is, and its schema version. Another
 // application's SQLite file is refused, so that a wrong -db cannot add a
-// table to it. An unmarked file, as schemas 1 to 3 were, is petstore's if
-// it holds petstore's tables alone, or none at version 0.
+// table to it. Files of schemas 1 to 3 have no application_id: such a
+// file is petstore's if it holds only petstore's tables, or none at
+// version 0.
 func inspect(path string) (version int, err error) {
+	if err := checkNotEmptied(path); err != nil {
+		return 0, err
+	}
 	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
 	defer db.Close()
 	var appID int64
@@ -211,10 +227,10 @@ func migrate(db *sql.DB, version int) error {
 	script := "BEGIN;\n"
 	for _, name := range migrations[version:] {
 		sql, _ := schema.ReadFile(name) // embedded: it cannot fail
-		script += string(sql) + ";\n"   // a file of comments alone needs the ";"
+		script += string(sql) + ";\n"   // ends a last statement that lacks its ";"
 	}
+	// On an error, closing the store rolls the transaction back.
 	if _, err := db.Exec(script + fmt.Sprintf("PRAGMA user_version = %d;\nCOMMIT;", len(migrations))); err != nil {
-		db.Exec("ROLLBACK") // the writer has one connection, so this meets the BEGIN
 		return fmt.Errorf("migrate schema from version %d to %d: %w", version, len(migrations), err)
 	}
 	return nil
@@ -223,7 +239,7 @@ func migrate(db *sql.DB, version int) error {
 // createRequest is one create, or a health probe, on its way to the
 // writer loop, and its outcome, set before done is closed.
 type createRequest struct {
-	ctx   context.Context // once it is done, the pet is not stored
+	ctx   context.Context // done before the writer inserts the pet: it is not stored
 	pet   NewPet
 	key   string // the Idempotency-Key, "" for none
 	scope []byte // the API key's idempotencyScope
@@ -243,8 +259,8 @@ func (s *store) createPet(ctx context.Context, pet NewPet, key string, scope []b
 }
 
 // send hands c to the writer loop and returns its outcome. If the
-// storage fails during its commit, send never returns, because nobody
-// knows whether c was stored.
+// storage fails during a create's commit, send never returns, because
+// nobody knows whether the pet was stored.
 func (s *store) send(c *createRequest) (Pet, bool, error) {
 	c.done = make(chan struct{})
 	select {
@@ -254,7 +270,15 @@ func (s *store) send(c *createRequest) (Pet, bool, error) {
 	case <-s.loopDone:
 		return Pet{}, false, &storageError{faultStopping, errors.New("no more pets are stored")}
 	}
-	<-c.done
+	var gaveUp <-chan struct{} // a create waits for its outcome; a probe, only until its deadline
+	if c.probe {
+		gaveUp = c.ctx.Done()
+	}
+	select {
+	case <-c.done:
+	case <-gaveUp:
+		return Pet{}, false, notStored(c.ctx.Err())
+	}
 	return c.stored, c.replayed, c.err
 }
 
@@ -276,8 +300,11 @@ func (s *store) writeLoop() {
 			if !s.commit(batch) {
 				return
 			}
-			if commits++; commits%200 == 0 && isFatal(s.fault(s.checkpoint())) {
-				return
+			if commits++; commits%200 == 0 {
+				// PASSIVE copies the WAL into the file without waiting for readers.
+				if _, err := s.writer.Exec("PRAGMA wal_checkpoint(PASSIVE)"); isFatal(s.fault(err)) {
+					return
+				}
 			}
 		}
 	}
@@ -310,13 +337,6 @@ func (s *store) gather(batch []*createRequest, last int) []*createRequest {
 	return batch
 }
 
-// checkpoint copies the WAL into the database file, without waiting for
-// readers.
-func (s *store) checkpoint() error {
-	var busy, frames, copied int
-	return s.writer.QueryRow("PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied)
-}
-
 // commit stores a batch and answers each of its creates. When the
 // storage fails, it answers none and returns false.
 func (s *store) commit(batch []*createRequest) bool {
@@ -340,14 +360,19 @@ func (s *store) commit(batch []*createRequest) bool {
 // outcome. An error means that nothing was stored. No client's context
 // is passed down, because one client leaving must not abort the batch.
 func (s *store) insertBatch(batch []*createRequest) error {
+	select {
+	case <-s.failed: // a read found the storage failed: nothing more is written
+		return &storageError{faultStopping, errors.New("the storage failed")}
+	default:
+	}
 	tx, err := s.writer.Begin()
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
 	for _, c := range batch {
-		// With the write lock held: a create whose client left, or whose
-		// deadline passed, is not stored.
+		// The write lock is held now, so a create whose client left or
+		// whose deadline passed is skipped.
 		if c.err = notStored(c.ctx.Err()); c.err != nil {
 			continue
 		}
@@ -368,7 +393,7 @@ func (s *store) insertBatch(batch []*createRequest) error {
 func (s *store) insertPet(tx *sql.Tx, c *createRequest) error {
 	var key, scope, fingerprint any // NULL without an Idempotency-Key
 	if c.key != "" {
-		// The pet after defaults; a name never holds NUL.
+		// The fingerprint covers the pet after defaults; a name has no NUL.
 		sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%s", c.pet.Name, c.pet.CategoryID, c.pet.Status))
 		p := &c.stored
 		var stored []byte
@@ -457,16 +482,19 @@ func (s *store) health() error {
 	_, _, err := s.send(&createRequest{ctx: ctx, probe: true})
 	if errors.As(err, new(*refusedError)) {
 		err = &storageError{faultRefused, err}
-		s.lastWrite.Store(&writeOutcome{time.Now(), err})
 	}
+	s.lastWrite.Store(&writeOutcome{time.Now(), err})
 	return err
 }
 
-// probeWrite writes what a create writes, with a longest name and a key,
-// because a smaller write could fit where a create does not, and deletes
-// it. Its id is 0, which no create gets, so it consumes no id.
-const probeWrite = `INSERT INTO pets (id, name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
-	VALUES (0, printf('%.100c', 'p'), 1, 'available', 'petstore-probe', x'00', x'00'); DELETE FROM pets WHERE id = 0`
+// probeWrite writes more than any create does, with the id sequence and
+// a row of 16 KiB, because a smaller write could fit where a create does
+// not, and deletes the row. Its id is 0, which no create gets, so it
+// consumes no id.
+const probeWrite = `UPDATE sqlite_sequence SET seq = seq WHERE name = 'pets';
+	INSERT INTO pets (id, name, category_id, status, idempotency_key, idempotency_scope, request_fingerprint)
+	VALUES (0, printf('%.100c', 'p'), 1, 'available', printf('%.255c', 'k'), zeroblob(16), zeroblob(16384));
+	DELETE FROM pets WHERE id = 0`
 
 // fault returns err as a *storageError if the storage is at fault, and
 // closes s.failed for an I/O error or a damaged file.

@@ -84,9 +84,9 @@ func TestDeployedSchemas(t *testing.T) {
 func TestForeignFiles(t *testing.T) {
 	for _, tt := range []struct{ name, sql, want string }{
 		{"another application's", "PRAGMA application_id = 42; CREATE TABLE notes (body TEXT);",
-			"not a petstore database: it belongs to another application (SQLite application_id 0x2a); use another -db file"},
+			"not a petstore database: it belongs to another application (SQLite application_id 0x2a); use another -db file (or, for petstore's own file damaged, petstore restore -last-id)"},
 		{"unmarked, with tables of its own", "CREATE TABLE notes (body TEXT); CREATE TABLE pets (id INTEGER);",
-			"not a petstore database: it holds tables petstore did not make (notes, pets); use another -db file"},
+			"not a petstore database: it holds tables petstore did not make (notes, pets); use another -db file (or, for petstore's own file damaged, petstore restore -last-id)"},
 		{"a newer petstore's", "PRAGMA application_id = 1346720851; PRAGMA user_version = 10; CREATE TABLE pets (id INTEGER);",
 			"schema version 10 is newer than this build understands (9); use a newer petstore"},
 	} {
@@ -139,7 +139,8 @@ func TestHeldBehindALock(t *testing.T) {
 	st, err := openStore(db)
 	must(t, err)
 	defer st.close()
-	keys, err := newKeyRing(testKey, "")
+	keys := &keyRing{list: testKey}
+	err = keys.reload()
 	must(t, err)
 	ts := httptest.NewServer(newHandler(&server{store: st, keys: keys, log: log, createWithin: time.Second}, nil))
 	defer ts.Close()
