@@ -12,7 +12,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -208,13 +207,9 @@ func idempotencyScope(ctx context.Context) []byte {
 }
 
 // runKeygen is "petstore keygen": a new key, and its keys-file line.
-func runKeygen(args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("petstore keygen", flag.ContinueOnError)
-	usage := "petstore keygen\n\nPrints a new API key, and the sha256: line for the keys file that accepts it."
-	if err := parseArgs(fs, args[1:], getenv, stdout, usage); err != nil {
-		return err
-	} else if fs.NArg() > 0 {
-		return fmt.Errorf("keygen takes no arguments, got %q", fs.Arg(0))
+func runKeygen(args []string, stdout io.Writer) error {
+	if len(args) > 1 {
+		return fmt.Errorf("keygen takes no arguments, got %q; it prints a new key and its keys-file line", args[1])
 	}
 	key := generateKey()
 	d := digestOf(key)

@@ -1,5 +1,5 @@
-// The backup and restore commands. Scheduling and pruning backups is the
-// timer's (petstore-backup.service).
+// The database file at rest: whose it is, its lock, and the backup and
+// restore commands. petstore-backup.timer schedules and prunes backups.
 
 package main
 
@@ -10,11 +10,86 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 )
+
+// fileURI is path as an escaped "file:" URI.
+func fileURI(path string) string { return "file:" + (&url.URL{Path: path}).EscapedPath() }
+
+// readOnlyDSN opens path read-only, without the options that would switch
+// a foreign file to WAL. Without a -wal, the file is opened as immutable,
+// so that no -wal or -shm is made beside it.
+func readOnlyDSN(path string) string {
+	if _, err := os.Stat(path + "-wal"); errors.Is(err, os.ErrNotExist) {
+		return fileURI(path) + "?mode=ro&immutable=1"
+	}
+	return fileURI(path) + "?mode=ro&_busy_timeout=5000"
+}
+
+// checkNotEmptied refuses a database file that is missing or empty while
+// its -wal holds data, because SQLite, even read-only, would then delete
+// the -wal, and with it every pet committed since the last checkpoint.
+func checkNotEmptied(path string) error {
+	db, dbErr := os.Stat(path)
+	wal, walErr := os.Stat(path + "-wal")
+	if walErr == nil && wal.Size() > 0 && (dbErr != nil || db.Size() == 0) {
+		return &storageError{faultDamaged, errors.New("the file is missing or empty while its -wal holds data; put back the file that was moved or emptied")}
+	}
+	return nil
+}
+
+// lockFile opens the file at path, creating it private to the user, and
+// holds an exclusive flock on it, so that a second service on the file
+// refuses to start. A file that cannot be written is opened to read.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		if f, err = os.Open(path); err != nil {
+			return nil, err
+		}
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, errors.New("it is in use by another petstore process; run one service per database file")
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
+// inspect reads whose file this is, and its schema version. Another
+// application's SQLite file is refused, so that a wrong -db cannot add a
+// table to it. Files of schemas 1 to 3 have no application_id: such a
+// file is petstore's if it holds only petstore's tables, or none at
+// version 0.
+func inspect(path string) (version int, err error) {
+	if err := checkNotEmptied(path); err != nil {
+		return 0, err
+	}
+	db, _ := sql.Open(sqliteDriver, readOnlyDSN(path))
+	defer db.Close()
+	var appID int64
+	var foreign string
+	err = db.QueryRow(`SELECT application_id, user_version, (SELECT coalesce(group_concat(name, ', '), '') FROM sqlite_schema
+		WHERE type IN ('table', 'view') AND (user_version = 0 OR name NOT IN ('pets', 'sqlite_sequence')))
+		FROM pragma_application_id, pragma_user_version`).Scan(&appID, &version, &foreign)
+	switch {
+	case err != nil:
+		return 0, err
+	case appID != petstoreApplicationID && appID != 0:
+		return 0, fmt.Errorf("%w: it belongs to another application (SQLite application_id %#x)", errNotPetstore, appID)
+	case appID == 0 && foreign != "":
+		return 0, fmt.Errorf("%w: it holds tables petstore did not make (%s)", errNotPetstore, foreign)
+	case version > len(migrations):
+		return 0, fmt.Errorf("schema version %d is newer than this build understands (%d); use a newer petstore", version, len(migrations))
+	}
+	return version, nil
+}
 
 // runBackupCommand is "petstore backup [-db FILE] BACKUP-FILE" and
 // "petstore restore -from BACKUP [-db FILE] [-last-id N]".

@@ -49,7 +49,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "backup", "restore":
 		err = runBackupCommand(ctx, args[1:], getenv, stdout)
 	case "keygen":
-		err = runKeygen(args[1:], getenv, stdout)
+		err = runKeygen(args[1:], stdout)
 	default:
 		var cfg config
 		if cfg, err = parseFlags(args, getenv, stdout); err == nil {
@@ -113,11 +113,8 @@ func serve(ctx context.Context, cfg config, getenv func(string) string, log *slo
 	if err := keys.useKeyFile(cfg.db, log); err != nil {
 		return err
 	}
-	// A create not begun within createWithin is answered 503 before
-	// WriteTimeout.
-	createWithin := cfg.writeTimeout - min(2*time.Second, max(250*time.Millisecond, cfg.writeTimeout/4), cfg.writeTimeout/2)
 	srv := &http.Server{
-		Handler:           newHandler(&server{store: st, keys: keys, log: log, createWithin: createWithin}, cfg.corsOrigins),
+		Handler:           newHandler(&server{store: st, keys: keys, log: log, createWithin: cfg.writeTimeout}, cfg.corsOrigins),
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
 		ReadTimeout:       cfg.readTimeout,
 		WriteTimeout:      cfg.writeTimeout,

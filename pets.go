@@ -86,7 +86,6 @@ func newHandler(s *server, corsOrigins []string) http.Handler {
 	mux.Handle("/v1/pets/{petId}", deprecate(s.wrap(methodNotAllowed("GET, HEAD"), false)))
 	mux.Handle("/v1/store/orders", s.wrap(methodNotAllowed("GET, HEAD"), false))
 	mux.Handle("/v1/", s.wrap(notFound, false))
-	mux.Handle("/v1", s.wrap(notFound, false))
 	mux.Handle("/", s.wrap(notFound, true))
 	return logRequests(s.log, recoverPanics(s.log, cors(corsOrigins, mux)))
 }
@@ -318,8 +317,8 @@ func (s *server) createPet(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errorf(http.StatusBadRequest, "invalid_body", "%s", err)
 	}
-	// A create not begun within createWithin is not stored, and gets a
-	// 503. One begun gets its outcome however long its commit takes.
+	// A create not begun within createWithin (WriteTimeout) is not stored,
+	// and gets a 503. One begun gets its outcome however long it takes.
 	ctx, cancel := context.WithTimeout(r.Context(), s.createWithin)
 	defer cancel()
 	rc := http.NewResponseController(w)
@@ -454,8 +453,6 @@ func decodeNewPet(body []byte) (NewPet, error) {
 	switch {
 	case category == nil || string(category) == "null":
 		problems = append(problems, "categoryId is required")
-	case category[0] == '"':
-		problems = append(problems, "categoryId must be a JSON integer from 1 to 9223372036854775807, not a string")
 	case err != nil || id < 1:
 		problems = append(problems, "categoryId must be a JSON integer from 1 to 9223372036854775807, got "+quote(string(category)))
 	default:
