@@ -130,9 +130,7 @@ func runBackupCommand(ctx context.Context, args []string, getenv func(string) st
 // is written beside dst, checked and fsynced, and only then linked to
 // dst, so that no half copy passes for a backup. It counts the pets.
 func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error) {
-	if _, err := os.Lstat(dst); err == nil {
-		return 0, fmt.Errorf("%s already exists; a backup never overwrites a file", dst)
-	} else if err := checkNotEmptied(src); err != nil {
+	if err := checkNotEmptied(src); err != nil {
 		return 0, fmt.Errorf("back up %s: %w", src, err)
 	}
 	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-*")
@@ -162,7 +160,9 @@ func backupDatabase(ctx context.Context, src, dst string) (pets int64, err error
 		return 0, fmt.Errorf("check backup: %w", err)
 	}
 	// A link, unlike a rename, never replaces a file.
-	if err := errors.Join(syncPath(f.Name()), os.Link(f.Name(), dst)); err != nil {
+	if err := errors.Join(syncPath(f.Name()), os.Link(f.Name(), dst)); errors.Is(err, os.ErrExist) {
+		return 0, fmt.Errorf("%s already exists; a backup never overwrites a file", dst)
+	} else if err != nil {
 		return 0, fmt.Errorf("backup file: %w", err)
 	}
 	return pets, syncPath(filepath.Dir(dst))

@@ -4,14 +4,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 )
 
 // apiError is the specification's Error body. Its code is one of those
@@ -66,14 +64,11 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 // writeJSON answers v as JSON. HTML escaping is off, so that a name reads
 // as it was sent; nosniff keeps the body from being read as HTML.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	var body bytes.Buffer
-	enc := json.NewEncoder(&body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	enc.Encode(v) // the service's own types: it cannot fail
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(body.Len()))
-	w.WriteHeader(status)
-	w.Write(body.Bytes())
 }
 
 // faultKind is a cause outside the service that keeps the store from

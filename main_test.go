@@ -39,6 +39,10 @@ func TestRunFailures(t *testing.T) {
 	must(t, err)
 	defer busy.Close()
 	dir := t.TempDir()
+	for i, keys := range []string{"two words-0123456789abcdef\n", "sha256:abcd\n", "# nothing\n"} {
+		must(t, os.WriteFile(filepath.Join(dir, fmt.Sprint("keys", i)), []byte(keys), 0o600))
+	}
+	noKeys := map[string]string{"PETSTORE_API_KEYS": ""}
 	for _, tt := range []struct {
 		args []string
 		env  map[string]string
@@ -54,6 +58,13 @@ func TestRunFailures(t *testing.T) {
 		{[]string{"-tls-cert", "none.pem", "-tls-key", "none.pem"}, nil, "TLS certificate: open none.pem: no such file or directory"},
 		{[]string{"-addr", busy.Addr().String()}, nil, "listen on " + busy.Addr().String() + ": listen tcp " + busy.Addr().String() + ": bind: address already in use"},
 		{[]string{"-db", filepath.Join(dir, "no", "such", "dir.db")}, nil, "open database " + filepath.Join(dir, "no", "such", "dir.db") + ": open " + filepath.Join(dir, "no", "such", "dir.db") + ": no such file or directory"},
+		// A key that could not be used is named by where it is, never shown.
+		{nil, map[string]string{"PETSTORE_API_KEYS": "short-key"}, "PETSTORE_API_KEYS: key 1: the key is shorter than 20 characters, so it could be guessed; make one with petstore keygen"},
+		{nil, map[string]string{"PETSTORE_API_KEYS": testKey + ", key-with-\x7f-0123456789"}, "PETSTORE_API_KEYS: key 2: the key has a character a client cannot send in an Authorization header (allowed: printable ASCII without spaces)"},
+		{nil, map[string]string{"PETSTORE_API_KEYS": " , "}, "PETSTORE_API_KEYS holds no key"},
+		{[]string{"-api-keys-file", filepath.Join(dir, "keys0")}, noKeys, "API keys file " + filepath.Join(dir, "keys0") + ": line 1: the key holds more than one word; write one key per entry, comments after #"},
+		{[]string{"-api-keys-file", filepath.Join(dir, "keys1")}, noKeys, "API keys file " + filepath.Join(dir, "keys1") + ": line 1: the key is not sha256: followed by the 64 hex digits of the key's SHA-256 digest"},
+		{[]string{"-api-keys-file", filepath.Join(dir, "keys2")}, noKeys, "API keys file " + filepath.Join(dir, "keys2") + " holds no key"},
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			args := append([]string{"petstore", "-addr", "127.0.0.1:0", "-db", filepath.Join(dir, "pets.db")}, tt.args...)
